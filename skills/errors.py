@@ -1,0 +1,36 @@
+"""Errors a skill raises. The pipeline maps them to wire errors; skills never see HTTP."""
+
+from __future__ import annotations
+
+
+class SkillError(Exception):
+    """Base class: something about a skill call went wrong."""
+
+
+class SkillInputError(SkillError):
+    """The caller's input cannot run. Raised before any quote, so nobody pays for it.
+
+    `field` names the offending input field (dotted path, e.g. ``messages.0.content``)
+    so every face can point at it; the message says what would be accepted.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class SkillUnavailableError(SkillError):
+    """The skill exists and can be quoted but cannot run here (not implemented, not configured).
+
+    A paid call that hits this is not charged.
+    """
+
+
+class UpstreamError(SkillError):
+    """The skill's upstream failed. `status` is the HTTP status the faces should answer."""
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
