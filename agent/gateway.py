@@ -1,0 +1,237 @@
+"""The one pipeline every paid call takes, whichever face it came through.
+
+resolve -> validate -> price -> (no payment: quote) -> decode -> match -> verify -> claim ->
+run -> settle -> record. A bad request is never quoted; a call that fails is released and not
+charged; a result whose payment did not settle is withheld. Faces (REST, A2A) translate a wire
+format into `CallRequest` and an `Outcome` back; no price, payment or retry rule lives in them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from x402.schemas import PaymentRequired, PaymentRequiredV1, ResourceInfo, SettleResponse
+
+from payments.codec import PaymentHeaderError, decode_payment_header
+from payments.ledger import AlreadyUsed, ClaimRequest, Ledger
+from payments.money import usd_to_atomic
+from payments.processor import Matched, PaymentProcessor, payment_key
+from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
+from skills.registry import SkillRegistry
+from skills.skill import Skill, SkillResult
+
+from .timing import Timings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CallRequest:
+    skill_id: str
+    payload: dict[str, Any] | None
+    resource_url: str
+    payment: tuple[str, str] | None = None  # (header name, header value)
+
+
+@dataclass
+class Outcome:
+    timings: Timings
+
+
+@dataclass
+class Delivered(Outcome):
+    result: SkillResult
+    receipt: SettleResponse | None = None
+    price_atomic: int = 0
+
+
+@dataclass
+class PaymentDemanded(Outcome):
+    """HTTP 402: the quote (v2 for the header, v1 for the body), with a reason when a payment
+    was attached and refused, and the failed receipt when settlement failed."""
+
+    required: PaymentRequired
+    required_v1: PaymentRequiredV1
+    reason: str | None = None
+    message: str | None = None
+    receipt: SettleResponse | None = None
+
+
+@dataclass
+class Refused(Outcome):
+    """Any other error: status, a stable code, a message that says how to fix it, the field."""
+
+    status: int
+    code: str
+    message: str
+    param: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
+    canonical = json.dumps({"skill": skill_id, "payload": payload or {}}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class Gateway:
+    def __init__(
+        self, registry: SkillRegistry, processor: PaymentProcessor, ledger: Ledger
+    ) -> None:
+        self.registry = registry
+        self.processor = processor
+        self.ledger = ledger
+
+    def price_atomic(self, skill: Skill, payload: dict[str, Any]) -> int:
+        return usd_to_atomic(Decimal(skill.price(payload)))
+
+    def resource_info(self, skill: Skill, url: str) -> ResourceInfo:
+        return ResourceInfo(url=url, description=skill.description, mime_type="application/json")
+
+    async def call(self, req: CallRequest) -> Outcome:
+        t = Timings()
+        skill = self.registry.get(req.skill_id)
+        if skill is None:
+            return Refused(
+                t, 404, "unknown_skill",
+                f"no skill or resource named '{req.skill_id}'; "
+                "GET /api/marketplace/apis lists the resources",
+                param="resource_id",
+            )
+        payload = req.payload or {}
+        probe = not payload and req.payment is None
+        with t.stage("quote"):
+            if not probe:
+                try:
+                    skill.validate(payload)
+                except SkillInputError as exc:
+                    return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+            atomic = self.price_atomic(skill, payload)
+            resource = self.resource_info(skill, req.resource_url)
+        if atomic == 0:
+            return await self._run_free(t, skill, payload)
+        requirements = self.processor.requirements(atomic)
+
+        def demand(reason: str | None = None, message: str | None = None,
+                   receipt: SettleResponse | None = None) -> PaymentDemanded:
+            error = message or reason
+            return PaymentDemanded(
+                t,
+                self.processor.payment_required(requirements, resource, error),
+                self.processor.payment_required_v1(requirements, resource, error),
+                reason=reason, message=message, receipt=receipt,
+            )
+
+        if req.payment is None:
+            return demand()
+        header, value = req.payment
+        try:
+            payload_model = decode_payment_header(value, header)
+        except PaymentHeaderError as exc:
+            return Refused(t, 400, "invalid_payment_header", exc.message, param=exc.header)
+        matched = self.processor.match(payload_model, requirements, resource)
+        if matched is None:
+            return demand("payment_requirements_mismatch", _mismatch_message(payload_model, requirements))
+
+        with t.stage("verify"):
+            try:
+                verified = await self.processor.verify(matched)
+            except Exception as exc:  # the facilitator itself failed: not the payer's fault
+                log.exception("facilitator verify failed for skill %s", skill.id)
+                return Refused(t, 503, "facilitator_unavailable",
+                               f"payment verification is unavailable right now ({type(exc).__name__}); "
+                               "retry later, nothing was charged")
+        if not verified.is_valid:
+            reason = verified.invalid_reason or "invalid_payment"
+            return demand(reason, f"payment rejected: {reason}")
+        payer = verified.payer or ""
+
+        with t.stage("claim"):
+            try:
+                row_id = await self.ledger.claim(ClaimRequest(
+                    key=payment_key(matched, payer),
+                    amount_atomic=atomic,
+                    asset=matched.requirement.asset,
+                    pay_to=matched.requirement.pay_to,
+                    skill_id=skill.id,
+                    request_digest=request_digest(skill.id, payload),
+                ))
+            except AlreadyUsed:
+                return demand("payment_already_used",
+                              "this payment was already used; sign a new payment for this call")
+
+        with t.stage("run"):
+            try:
+                result = await skill.run(payload)
+            except SkillInputError as exc:
+                await self.ledger.release(row_id, f"invalid input: {exc.message}")
+                return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+            except SkillUnavailableError as exc:
+                await self.ledger.release(row_id, str(exc))
+                return Refused(t, 503, "skill_unavailable", str(exc))
+            except UpstreamError as exc:
+                await self.ledger.release(row_id, exc.message)
+                return Refused(t, exc.status, "upstream_error",
+                               f"{exc.message}; nothing was charged")
+            except Exception as exc:
+                log.exception("skill %s failed", skill.id)
+                await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")
+                return Refused(t, 500, "skill_failed",
+                               f"skill '{skill.id}' failed ({type(exc).__name__}); nothing was charged")
+
+        return await self._settle_and_deliver(t, skill, matched, row_id, result, atomic, demand)
+
+    async def _settle_and_deliver(self, t: Timings, skill: Skill, matched: Matched, row_id: str,
+                                  result: SkillResult, atomic: int, demand: Any) -> Outcome:
+        with t.stage("settle"):
+            try:
+                receipt = await self.processor.settle(matched)
+            except Exception as exc:
+                log.exception("settlement raised for skill %s", skill.id)
+                receipt = SettleResponse(
+                    success=False, error_reason="settlement_error",
+                    error_message=type(exc).__name__, transaction="",
+                    network=matched.requirement.network,
+                )
+        if not receipt.success:
+            reason = receipt.error_reason or "settlement_failed"
+            await self.ledger.mark_failed(row_id, reason, receipt.transaction or None)
+            return demand(reason, f"settlement failed ({reason}); the result is withheld "
+                          "and nothing was charged", receipt)
+        await self.ledger.mark_settled(row_id, receipt.transaction)
+        await self.ledger.record_usage(
+            row_id,
+            latency_ms=round(t.total_ms()),
+            usage=result.usage,
+            upstream_cost_usd=str(result.upstream_cost_usd) if result.upstream_cost_usd else None,
+        )
+        return Delivered(t, result, receipt, atomic)
+
+    async def _run_free(self, t: Timings, skill: Skill, payload: dict[str, Any]) -> Outcome:
+        with t.stage("run"):
+            try:
+                return Delivered(t, await skill.run(payload))
+            except SkillInputError as exc:
+                return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+
+
+def _mismatch_message(payload: Any, requirements: list[Any]) -> str:
+    """Say which term of the payment differs from what was quoted."""
+    accepted = getattr(payload, "accepted", None)
+    network = accepted.network if accepted is not None else getattr(payload, "network", "?")
+    offered = ", ".join(sorted({r.network for r in requirements}))
+    same_net = [r for r in requirements if r.network == network]
+    if accepted is None:
+        return f"no accepted requirement for network '{network}'; offered: {offered}"
+    if not same_net:
+        return f"payment is for network '{network}', which is not offered; offered: {offered}"
+    want = same_net[0]
+    for name in ("scheme", "amount", "asset", "pay_to", "max_timeout_seconds"):
+        if getattr(accepted, name) != getattr(want, name):
+            return (f"payment's accepted.{name} is {getattr(accepted, name)!r} but the quote for "
+                    f"this request says {getattr(want, name)!r}; pay the quoted terms")
+    return "payment's accepted.extra does not match the quote; pay the quoted terms"

@@ -1,0 +1,41 @@
+"""Exact money: USD decimals to token atomic units, always rounded up.
+
+The SDK's dollar-to-atomic helper truncates; a price must never be rounded in the payer's
+favour below what the operator asked for, nor ever pass through a float.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+
+USDC_DECIMALS = 6
+
+
+def parse_usd(value: str | int | Decimal) -> Decimal:
+    """Parse a USD amount given as a string, int or Decimal (never a float)."""
+    if isinstance(value, float):
+        raise TypeError("money must not be a float; give the amount as a string, e.g. '0.0115'")
+    try:
+        amount = Decimal(str(value).strip().removeprefix("$"))
+    except InvalidOperation as exc:
+        raise ValueError(f"not a decimal amount: {value!r}") from exc
+    if not amount.is_finite() or amount < 0:
+        raise ValueError(f"amount must be a finite, non-negative decimal: {value!r}")
+    return amount
+
+
+def usd_to_atomic(amount: Decimal, decimals: int = USDC_DECIMALS) -> int:
+    """USD (a 1:1 stablecoin) to atomic units, rounded UP to the token's smallest unit."""
+    scaled = (amount * (Decimal(10) ** decimals)).to_integral_value(rounding=ROUND_CEILING)
+    return int(scaled)
+
+
+def atomic_to_usd(atomic: int, decimals: int = USDC_DECIMALS) -> Decimal:
+    """Atomic units back to an exact USD decimal."""
+    return Decimal(atomic).scaleb(-decimals)
+
+
+def display_usd(amount: Decimal) -> str:
+    """`$0.0115`: the price as the operator wrote it, without float noise or trailing zeros."""
+    text = format(amount.normalize(), "f")
+    return f"${text}"

@@ -1,0 +1,81 @@
+"""What is sold: a Skill is one priced, callable capability (a model or a marketplace resource)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from .errors import SkillInputError
+
+Payload = dict[str, Any]
+
+
+@dataclass
+class SkillResult:
+    """A skill's answer. `body` is returned as is by the faces (JSON-able, or bytes)."""
+
+    body: Any
+    status: int = 200
+    media_type: str = "application/json"
+    usage: dict[str, Any] | None = None
+    upstream_cost_usd: Decimal | None = None
+
+
+Runner = Callable[[Payload], Awaitable[SkillResult]]
+Validator = Callable[[Payload], None]
+Pricer = Callable[[Payload], Decimal]
+
+
+@dataclass
+class Skill:
+    """One priced skill. The pipeline validates, prices, then runs it; it never sees HTTP."""
+
+    id: str
+    name: str
+    description: str
+    categories: tuple[str, ...]
+    run: Runner
+    price_usd: Decimal | None = None
+    pricer: Pricer | None = None
+    tags: tuple[str, ...] = ()
+    method: str = "POST"
+    kind: str = "resource"
+    input_schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    validator: Validator | None = None
+    examples: tuple[Payload, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.price_usd is None and self.pricer is None:
+            raise ValueError(f"skill {self.id!r} has neither a fixed price nor a pricer")
+        self._schema = Draft202012Validator(self.input_schema)
+
+    def validate(self, payload: Payload) -> None:
+        """Raise SkillInputError naming the field when the payload cannot run."""
+        error = best_match(self._schema.iter_errors(payload))
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or None
+            raise SkillInputError(_schema_message(error, where), field=where)
+        if self.validator is not None:
+            self.validator(payload)
+
+    def price(self, payload: Payload) -> Decimal:
+        """The USD price of this call: fixed for resources, computed for models."""
+        if self.pricer is not None:
+            return self.pricer(payload)
+        assert self.price_usd is not None
+        return self.price_usd
+
+
+def _schema_message(error: Any, where: str | None) -> str:
+    if error.validator == "required":
+        return f"{error.message}"
+    if error.validator == "additionalProperties":
+        return f"{error.message}"
+    prefix = f"field '{where}': " if where else ""
+    return f"{prefix}{error.message}"
