@@ -1,0 +1,132 @@
+"""App assembly: settings -> database, skills, payments, faces. The only module that imports
+`compat` and `wellknown`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from compat import marketplace
+from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
+from payments.ledger import Ledger
+from payments.processor import PaymentProcessor, PayTo
+from skills.registry import SkillRegistry
+from skills.resource_files import BUILTIN_DIR, load_resource_dirs
+
+from .gateway import Gateway
+from .settings import Settings
+
+log = logging.getLogger("paywire")
+
+
+@dataclass
+class Runtime:
+    """Everything a running gateway holds; tests reach the devnet and ledger through it."""
+
+    settings: Settings
+    engine: AsyncEngine
+    ledger: Ledger
+    registry: SkillRegistry
+    processor: PaymentProcessor
+    gateway: Gateway
+    devnet: Any | None = None
+
+
+def make_engine(url: str) -> AsyncEngine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            # WAL lets readers run beside the one writer; busy_timeout queues writers
+            # instead of failing them under concurrent claims.
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_async_engine(url, pool_pre_ping=True)
+
+
+def build_registry(settings: Settings) -> SkillRegistry:
+    registry = SkillRegistry()
+    load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs])
+    return registry
+
+
+def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
+    if devnet is not None:
+        evm_signer, svm_signer = devnet.signers()
+        facilitator: Any = in_process_facilitator(
+            devnet.networks, evm_signer=evm_signer, svm_signer=svm_signer)
+        pay_to = devnet.pay_to()
+    else:
+        networks = list(settings.networks)
+        if settings.facilitator_url:
+            facilitator = remote_facilitator(settings.facilitator_url)
+        else:
+            evm_signer, svm_signer = rpc_signers(
+                evm_key=settings.evm_facilitator_key, evm_rpc_url=settings.evm_rpc_url,
+                solana_key=settings.solana_facilitator_key,
+                solana_rpc_url=settings.solana_rpc_url)
+            facilitator = in_process_facilitator(
+                networks, evm_signer=evm_signer, svm_signer=svm_signer)
+        pay_to = [
+            PayTo(n, settings.evm_pay_to if n.family == "evm" else settings.solana_pay_to)
+            for n in networks
+        ]
+    processor = PaymentProcessor(facilitator, pay_to,
+                                 max_timeout_seconds=settings.max_timeout_seconds)
+    processor.start()
+    return processor
+
+
+def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
+    """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
+    if settings.devnet and devnet is None:
+        from payments.devnet import Devnet
+        from payments.devnet.keys import load_or_create_keys
+
+        devnet = Devnet(load_or_create_keys(settings.data_dir))
+    engine = make_engine(settings.db_url)
+    ledger = Ledger(engine)
+    registry = build_registry(settings)
+    processor = build_payments(settings, devnet)
+    gateway = Gateway(registry, processor, ledger)
+    runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await ledger.create_tables()
+        yield
+        await engine.dispose()
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "devnet": devnet is not None,
+                             "skills": len(registry)})
+
+    route_list: list[Any] = [Route("/health", health, methods=["GET"])]
+    route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
+    if devnet is not None:
+        from .devnet_http import routes as devnet_routes
+
+        route_list += devnet_routes(devnet, settings.base_url)
+    app = Starlette(routes=route_list, lifespan=lifespan)
+    app.state.runtime = runtime
+    return app

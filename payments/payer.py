@@ -1,0 +1,201 @@
+"""An honest x402 client: ask, read the 402, choose a network, check the price, pay, retry.
+
+Works against any x402 server (v2 `PAYMENT-REQUIRED` header or v1 JSON body). It never pays more
+than the caller's limit without an explicit yes. It never logs or prints the signed payment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from x402 import x402Client
+from x402.mechanisms.evm.exact import register_exact_evm_client
+from x402.mechanisms.evm.signers import EthAccountSigner
+from x402.mechanisms.svm.exact import register_exact_svm_client
+from x402.mechanisms.svm.signers import KeypairSigner
+from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
+
+from .codec import REQUIRED_HEADER, decode_base64_any, encode_json_b64
+from .money import atomic_to_usd
+from .networks import KNOWN_NETWORKS, lookup_network
+
+_EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+
+
+class PayError(Exception):
+    """The payment could not be made; the message says why and what to do."""
+
+
+@dataclass
+class PayerKeys:
+    evm_key: str | None = None
+    solana_key: str | None = None  # base58 64-byte secret key
+
+    @staticmethod
+    def from_secret(secret: str) -> PayerKeys:
+        """A key from PAYWIRE_PAYER_KEY: EVM hex (0x + 64 hex) or a Solana base58 secret key."""
+        secret = secret.strip()
+        if _EVM_KEY.match(secret):
+            return PayerKeys(evm_key=secret if secret.startswith("0x") else "0x" + secret)
+        from solders.keypair import Keypair
+
+        try:
+            Keypair.from_base58_string(secret)
+        except ValueError:
+            raise PayError(
+                "PAYWIRE_PAYER_KEY is neither an EVM private key (0x + 64 hex digits) nor a "
+                "Solana secret key (base58, 64 bytes)"
+            ) from None
+        return PayerKeys(solana_key=secret)
+
+
+@dataclass
+class PayResult:
+    status: int
+    body: bytes
+    content_type: str
+    receipt: SettleResponse | None
+    paid_usd: Decimal | None
+    network: str | None
+    headers: dict[str, str]
+
+
+def parse_402(response: httpx.Response) -> PaymentRequired | PaymentRequiredV1:
+    """The quote of a 402: the v2 header when present, else the v1 JSON body."""
+    header = response.headers.get(REQUIRED_HEADER)
+    if header:
+        data = json.loads(decode_base64_any(header))
+        return PaymentRequired.model_validate(data)
+    try:
+        data = response.json()
+    except ValueError:
+        raise PayError("the server answered 402 without a quote (no PAYMENT-REQUIRED header, "
+                       "no JSON body)") from None
+    if data.get("x402Version") == 2:
+        return PaymentRequired.model_validate(data)
+    return PaymentRequiredV1.model_validate(data)
+
+
+def _family(network: str) -> str | None:
+    try:
+        return lookup_network(network).family
+    except ValueError:
+        if network.startswith("eip155:"):
+            return "evm"
+        if network.startswith("solana"):
+            return "svm"
+        return None
+
+
+def _usd(amount: str, asset: str, network: str) -> Decimal | None:
+    """Value of an amount in USD when the asset is a known USDC (6 decimals); else None."""
+    for net in KNOWN_NETWORKS:
+        if net.usdc.lower() == asset.lower():
+            return atomic_to_usd(int(amount), net.decimals)
+    return None
+
+
+def receipt_from(response: httpx.Response) -> SettleResponse | None:
+    value = response.headers.get("PAYMENT-RESPONSE") or response.headers.get("X-PAYMENT-RESPONSE")
+    if not value:
+        return None
+    try:
+        return SettleResponse.model_validate(json.loads(decode_base64_any(value)))
+    except ValueError:
+        return None
+
+
+async def pay(
+    url: str,
+    *,
+    keys: PayerKeys,
+    method: str = "POST",
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    network: str | None = None,  # "evm" | "solana" | a CAIP-2 id
+    max_usd: Decimal = Decimal("0.10"),
+    confirm: Callable[[str], bool] | None = None,
+    solana_rpc_url: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    timeout: float = 120.0,
+) -> PayResult:
+    """Request `url`, pay its x402 quote if it asks for one, and return the paid answer."""
+    base_headers = {"Content-Type": "application/json", **(headers or {})}
+    async with httpx.AsyncClient(timeout=timeout, transport=transport) as http:
+        first = await http.request(method, url, content=data, headers=base_headers)
+        if first.status_code != 402:
+            return _result(first, None, None)
+        required = parse_402(first)
+        chosen = _choose(required, keys, network)
+        price = _usd(chosen.get_amount(), chosen.asset, str(chosen.network))
+        if price is None:
+            raise PayError(f"the quote asks for {chosen.get_amount()} atomic units of asset "
+                           f"{chosen.asset} on {chosen.network}, which this client cannot value "
+                           "in USD; refusing to pay")
+        if price > max_usd:
+            question = (f"{url} asks ${price} on {chosen.network}, above your limit "
+                        f"${max_usd}. Pay it?")
+            if confirm is None or not confirm(question):
+                raise PayError(f"the price ${price} is above --max ${max_usd}; not paid "
+                               "(raise --max to pay it)")
+        client = x402Client()
+        client.set_spend_controls(False)  # our own limit above is the one the user set
+        if keys.evm_key:
+            from eth_account import Account
+
+            register_exact_evm_client(client, EthAccountSigner(Account.from_key(keys.evm_key)))
+        if keys.solana_key:
+            register_exact_svm_client(
+                client, KeypairSigner.from_base58(keys.solana_key), rpc_url=solana_rpc_url
+            )
+        only_chosen = required.model_copy(update={"accepts": [chosen]})
+        payload = await client.create_payment_payload(only_chosen)
+        header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
+        encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
+        second = await http.request(
+            method, url, content=data, headers={**base_headers, header: encoded}
+        )
+        return _result(second, price, str(chosen.network))
+
+
+def _choose(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,
+            network: str | None) -> Any:
+    usable = []
+    for req in required.accepts:
+        if req.scheme != "exact":
+            continue
+        family = _family(str(req.network))
+        if family == "evm" and keys.evm_key or family == "svm" and keys.solana_key:
+            usable.append((family, req))
+    if network in ("evm", "solana"):
+        want = "evm" if network == "evm" else "svm"
+        usable = [(f, r) for f, r in usable if f == want]
+    elif network:
+        try:
+            caip2 = lookup_network(network).caip2
+        except ValueError:
+            caip2 = network
+        usable = [(f, r) for f, r in usable if str(r.network) in (network, caip2)]
+    if not usable:
+        offered = ", ".join(str(r.network) for r in required.accepts) or "nothing"
+        raise PayError(f"no payment option this payer can use (offered: {offered}; "
+                       f"requested network: {network or 'any'})")
+    return usable[0][1]
+
+
+def _result(response: httpx.Response, price: Decimal | None, network: str | None) -> PayResult:
+    return PayResult(
+        status=response.status_code,
+        body=response.content,
+        content_type=response.headers.get("content-type", ""),
+        receipt=receipt_from(response),
+        paid_usd=price,
+        network=network,
+        headers=dict(response.headers),
+    )

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.support.live_server import LiveServer, start_server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One real gateway on the devnet for the session; tests compare balances before/after."""
+    live = start_server(tmp_path_factory.mktemp("paywire"))
+    yield live
+    live.stop()
