@@ -135,7 +135,7 @@ class Gateway:
             return Refused(t, 400, "invalid_payment_header", exc.message, param=exc.header)
         matched = self.processor.match(payload_model, requirements, resource)
         if matched is None:
-            return demand("payment_requirements_mismatch", _mismatch_message(payload_model, requirements))
+            return demand(*_mismatch(payload_model, requirements))
 
         with t.stage("verify"):
             try:
@@ -202,6 +202,10 @@ class Gateway:
             await self.ledger.mark_failed(row_id, reason, receipt.transaction or None)
             return demand(reason, f"settlement failed ({reason}); the result is withheld "
                           "and nothing was charged", receipt)
+        receipt = receipt.model_copy(update={
+            "amount": receipt.amount or str(atomic),
+            "payer": receipt.payer or None,
+        })
         await self.ledger.mark_settled(row_id, receipt.transaction)
         await self.ledger.record_usage(
             row_id,
@@ -219,19 +223,21 @@ class Gateway:
                 return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
 
 
-def _mismatch_message(payload: Any, requirements: list[Any]) -> str:
-    """Say which term of the payment differs from what was quoted."""
+def _mismatch(payload: Any, requirements: list[Any]) -> tuple[str, str]:
+    """The x402 reason and a message saying which term of the payment differs from the quote."""
     accepted = getattr(payload, "accepted", None)
     network = accepted.network if accepted is not None else getattr(payload, "network", "?")
     offered = ", ".join(sorted({r.network for r in requirements}))
-    same_net = [r for r in requirements if r.network == network]
-    if accepted is None:
-        return f"no accepted requirement for network '{network}'; offered: {offered}"
-    if not same_net:
-        return f"payment is for network '{network}', which is not offered; offered: {offered}"
+    not_offered = f"payment is for network '{network}', which is not offered; offered: {offered}"
+    same_net = [r for r in requirements if r.network == network] if accepted is not None else []
+    if not same_net:  # (v1 payloads are matched by network name only)
+        return "invalid_network", not_offered
     want = same_net[0]
-    for name in ("scheme", "amount", "asset", "pay_to", "max_timeout_seconds"):
+    if accepted.scheme != want.scheme:
+        return "unsupported_scheme", f"scheme '{accepted.scheme}' is not the quoted '{want.scheme}'"
+    for name in ("amount", "asset", "pay_to", "max_timeout_seconds"):
         if getattr(accepted, name) != getattr(want, name):
-            return (f"payment's accepted.{name} is {getattr(accepted, name)!r} but the quote for "
-                    f"this request says {getattr(want, name)!r}; pay the quoted terms")
-    return "payment's accepted.extra does not match the quote; pay the quoted terms"
+            return "invalid_payment_requirements", (
+                f"payment's accepted.{name} is {getattr(accepted, name)!r} but the quote for this "
+                f"request says {getattr(want, name)!r}; pay the quoted terms")
+    return "invalid_payment_requirements", "payment's accepted.extra does not match the quote"
