@@ -19,3 +19,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     live = start_server(tmp_path_factory.mktemp("paywire"))
     yield live
     live.stop()
+
+
+TEST_RESOURCES = ROOT / "tests" / "data" / "resources"
+
+
+@pytest.fixture(scope="session")
+def test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A gateway that also sells the test-only resources of tests/data/resources."""
+    live = start_server(tmp_path_factory.mktemp("paywire-test-resources"),
+                        env={"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)})
+    yield live
+    live.stop()
