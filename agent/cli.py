@@ -90,6 +90,7 @@ def _devnet_solana_rpc(url: str) -> str | None:
 
 
 def cmd_pay(args: argparse.Namespace) -> int:
+    from payments.money import display_usd, usd_text
     from payments.payer import PayerKeys, PayError, pay
 
     try:
@@ -144,7 +145,7 @@ def cmd_pay(args: argparse.Namespace) -> int:
             "status": result.status,
             "result": body,
             "receipt": receipt.model_dump(by_alias=True, exclude_none=True) if receipt else None,
-            "paid_usd": str(result.paid_usd) if result.paid_usd is not None else None,
+            "paid_usd": usd_text(result.paid_usd) if result.paid_usd is not None else None,
         }, indent=2))
     else:
         print(f"HTTP {result.status}")
@@ -156,7 +157,7 @@ def cmd_pay(args: argparse.Namespace) -> int:
             print(f"  network      {receipt.network}")
             print(f"  payer        {receipt.payer}")
             amount = receipt.amount or "?"
-            paid = f" (${result.paid_usd})" if result.paid_usd is not None else ""
+            paid = f" ({display_usd(result.paid_usd)})" if result.paid_usd is not None else ""
             print(f"  amount       {amount} atomic units{paid}")
             if receipt.error_reason:
                 print(f"  error        {receipt.error_reason}")

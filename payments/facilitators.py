@@ -45,9 +45,10 @@ def rpc_signers(
         evm_signer = FacilitatorWeb3Signer(private_key=evm_key, rpc_url=evm_rpc_url)
     if solana_key:
         from solders.keypair import Keypair
-        from x402.mechanisms.svm.signers import FacilitatorKeypairSigner
 
-        svm_signer = FacilitatorKeypairSigner(
+        from .signers import StrictFacilitatorKeypairSigner
+
+        svm_signer = StrictFacilitatorKeypairSigner(
             [Keypair.from_base58_string(solana_key)], rpc_url=solana_rpc_url
         )
     return evm_signer, svm_signer

@@ -35,7 +35,11 @@ def atomic_to_usd(atomic: int, decimals: int = USDC_DECIMALS) -> Decimal:
     return Decimal(atomic).scaleb(-decimals)
 
 
+def usd_text(amount: Decimal) -> str:
+    """`0.0115`: plain decimal text without trailing zeros or exponent."""
+    return format(amount.normalize(), "f")
+
+
 def display_usd(amount: Decimal) -> str:
     """`$0.0115`: the price as the operator wrote it, without float noise or trailing zeros."""
-    text = format(amount.normalize(), "f")
-    return f"${text}"
+    return f"${usd_text(amount)}"

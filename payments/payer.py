@@ -22,7 +22,7 @@ from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
 
 from .codec import REQUIRED_HEADER, decode_base64_any, encode_json_b64
-from .money import atomic_to_usd
+from .money import atomic_to_usd, display_usd
 from .networks import KNOWN_NETWORKS, lookup_network
 
 _EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
@@ -139,11 +139,11 @@ async def pay(
                            f"{chosen.asset} on {chosen.network}, which this client cannot value "
                            "in USD; refusing to pay")
         if price > max_usd:
-            question = (f"{url} asks ${price} on {chosen.network}, above your limit "
-                        f"${max_usd}. Pay it?")
+            question = (f"{url} asks {display_usd(price)} on {chosen.network}, above your "
+                        f"limit {display_usd(max_usd)}. Pay it?")
             if confirm is None or not confirm(question):
-                raise PayError(f"the price ${price} is above --max ${max_usd}; not paid "
-                               "(raise --max to pay it)")
+                raise PayError(f"the price {display_usd(price)} is above --max "
+                               f"{display_usd(max_usd)}; not paid (raise --max to pay it)")
         client = x402Client()
         client.set_spend_controls(False)  # our own limit above is the one the user set
         if keys.evm_key:

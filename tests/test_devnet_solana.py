@@ -581,3 +581,22 @@ async def test_timings_are_recorded(capsys: pytest.CaptureFixture[str]) -> None:
             chain.close()
         with capsys.disabled():
             print(f"\n{mode}: verify {(t1 - t0) * 1000:.2f} ms, settle {(t2 - t1) * 1000:.2f} ms")
+
+
+async def test_strict_rpc_signer_refuses_a_landed_but_failed_transaction() -> None:
+    """paywire's production Solana signer checks the error before the confirmation status."""
+    from payments.signers import StrictFacilitatorKeypairSigner
+
+    chain = Chain("rpc")
+    try:
+        payer, pay_to = chain.funded_payer(PRICE - 1), chain.payee()
+        payload = await chain.pay(KeypairSigner(payer), chain.quote(pay_to))
+        signer = StrictFacilitatorKeypairSigner([chain.fee_payer], rpc_url=chain.rpc_url)
+        signed = signer.sign_transaction(
+            payload.payload["transaction"], str(chain.fee_payer.pubkey()), SolanaDevnet.NETWORK
+        )
+        sig = signer.send_transaction(signed, SolanaDevnet.NETWORK)
+        with pytest.raises(RuntimeError, match="Transaction failed"):
+            signer.confirm_transaction(sig, SolanaDevnet.NETWORK, timeout_seconds=5)
+    finally:
+        chain.close()

@@ -1,0 +1,156 @@
+"""The commands a new user runs: `paywire serve`, `curl`, `paywire pay`, `paywire skills check`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+PAYWIRE = [sys.executable, "-m", "agent.cli"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Served:
+    url: str
+    env: dict[str, str]
+    proc: subprocess.Popen[str]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    port = _free_port()
+    env = {**os.environ, "PAYWIRE_DATA_DIR": str(tmp_path_factory.mktemp("cli") / ".paywire"),
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([*PAYWIRE, "serve", "--port", str(port), "--log-level", "warning"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"paywire serve did not start: {proc.stderr.read() if proc.stderr else ''}")
+        time.sleep(0.05)  # polling readiness with a deadline
+    yield Served(url, env, proc)
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _pay(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PAYWIRE, "pay", *args], env=served.env, cwd=ROOT, text=True,
+                          capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_serve_prints_the_devnet_banner_with_demo_payer_addresses(served: Served) -> None:
+    info = httpx.get(f"{served.url}/devnet").json()
+    served.proc.terminate()  # read the banner once the process is done with it
+    served.proc.wait(timeout=15)
+    banner = served.proc.stderr.read() if served.proc.stderr else ""
+    assert "LOCAL TEST CHAIN" in banner
+    assert info["networks"]["evm"]["demo_payer"] in banner
+    assert info["networks"]["solana"]["demo_payer"] in banner
+    # restart on the same port for the remaining tests, same data dir (same demo keys)
+    port = served.url.rsplit(":", 1)[1]
+    served.proc = subprocess.Popen([*PAYWIRE, "serve", "--port", port, "--log-level", "warning"],
+                                   env=served.env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{served.url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline and served.proc.poll() is None
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("network", ["evm", "solana"])
+def test_paywire_pay_pays_and_prints_result_and_receipt(served: Served, network: str) -> None:
+    before = httpx.get(f"{served.url}/devnet").json()["networks"]
+    key = "evm" if network == "evm" else "solana"
+    url = f"{served.url}/v1/marketplace/api/token-count-508"
+    out = _pay(served, url, "--data", '{"text": "Counting tokens, for real.", "model": "gpt-4o"}',
+               "--network", network)
+    assert out.returncode == 0, out.stderr
+    assert "HTTP 200" in out.stdout and '"tokens"' in out.stdout
+    for field in ("transaction", "network", "payer", "amount"):
+        assert f"  {field}" in out.stdout
+    assert "5750 atomic units ($0.00575)" in out.stdout
+    after = httpx.get(f"{served.url}/devnet").json()["networks"]
+    assert after[key]["merchant_balance"] - before[key]["merchant_balance"] == 5750
+    assert before[key]["demo_payer"] in out.stdout
+
+
+def test_paywire_pay_refuses_to_pay_above_max(served: Served) -> None:
+    before = httpx.get(f"{served.url}/devnet").json()["networks"]["evm"]["merchant_balance"]
+    url = f"{served.url}/v1/marketplace/api/error-explain"  # $0.062101
+    out = _pay(served, url, "--data", '{"error": "boom"}', "--max", "0.05", "--json")
+    assert out.returncode == 2
+    assert "above --max $0.05" in out.stderr and "$0.062101" in out.stderr
+    after = httpx.get(f"{served.url}/devnet").json()["networks"]["evm"]["merchant_balance"]
+    assert after == before
+
+
+def test_paywire_pay_json_output_and_payer_key_from_environment(served: Served) -> None:
+    from eth_account import Account
+
+    account = Account.create()
+    funded = httpx.post(f"{served.url}/devnet/faucet", json={
+        "network": "base-sepolia", "address": account.address, "amount": 10_000}).json()
+    assert funded["transaction"]
+    env = {**served.env, "PAYWIRE_PAYER_KEY": account.key.hex()}
+    out = subprocess.run(
+        [*PAYWIRE, "pay", f"{served.url}/v1/marketplace/api/token-count-508", "--json",
+         "--data", '{"messages": [{"role": "user", "content": "hi"}], "model": "claude-sonnet-4"}'],
+        env=env, cwd=ROOT, text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["status"] == 200 and doc["paid_usd"] == "0.00575"
+    assert doc["result"]["model_family"].startswith("anthropic")
+    assert doc["receipt"]["payer"] == account.address and doc["receipt"]["success"] is True
+    balance = httpx.get(f"{served.url}/devnet/balance",
+                        params={"network": "base-sepolia", "address": account.address}).json()
+    assert balance["balance"] == 10_000 - 5750
+
+
+def test_curl_style_quote_offers_base_and_solana(served: Served) -> None:
+    r = httpx.post(f"{served.url}/v1/marketplace/api/token-count-508", content=b"{}")
+    assert r.status_code == 402
+    assert {a["network"] for a in r.json()["accepts"]} == {"base-sepolia", "solana-devnet"}
+
+
+def test_skills_check_explains_each_problem(tmp_path: Path) -> None:
+    good = ROOT / "skills" / "builtin" / "token-count-508.json"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"id": "Bad Id", "price": 0.5, "categories": [], "kind": "magic"}))
+    out = subprocess.run([*PAYWIRE, "skills", "check", str(good), str(bad)], cwd=ROOT, text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 1
+    assert "token-count-508.json: ok" in out.stdout
+    for needle in ("missing field 'name'", "field 'id'", "decimal string", "field 'categories'",
+                   "field 'kind'"):
+        assert needle in out.stdout
