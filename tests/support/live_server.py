@@ -48,18 +48,17 @@ class LiveServer:
         self._thread.join(timeout=15)
 
 
-def start_server(data_dir: Path, env: dict[str, str] | None = None, devnet: Any = None,
-                 startup_timeout: float = 60.0) -> LiveServer:
+def bound_socket() -> tuple[socket.socket, int]:
+    """A loopback socket already bound to a free port (no race between picking and binding)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    settings = Settings.from_env({
-        "PAYWIRE_DATA_DIR": str(data_dir),
-        "PAYWIRE_PORT": str(port),
-        **(env or {}),
-    })
-    app = create_app(settings, devnet=devnet)
+    return sock, sock.getsockname()[1]
+
+
+def run_in_thread(app: Any, sock: socket.socket, startup_timeout: float = 60.0
+                  ) -> tuple[uvicorn.Server, threading.Thread]:
+    """Serve an ASGI app with uvicorn on `sock` in a daemon thread; returns once it listens."""
     config = uvicorn.Config(app, log_level="warning", lifespan="on", loop="asyncio")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -67,6 +66,19 @@ def start_server(data_dir: Path, env: dict[str, str] | None = None, devnet: Any 
     deadline = time.monotonic() + startup_timeout
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("paywire test server did not start")
+            raise RuntimeError("test server did not start")
         time.sleep(0.01)  # polling a flag with a deadline, not waiting for luck
+    return server, thread
+
+
+def start_server(data_dir: Path, env: dict[str, str] | None = None, devnet: Any = None,
+                 startup_timeout: float = 60.0) -> LiveServer:
+    sock, port = bound_socket()
+    settings = Settings.from_env({
+        "PAYWIRE_DATA_DIR": str(data_dir),
+        "PAYWIRE_PORT": str(port),
+        **(env or {}),
+    })
+    app = create_app(settings, devnet=devnet)
+    server, thread = run_in_thread(app, sock, startup_timeout)
     return LiveServer(f"http://127.0.0.1:{port}", app.state.runtime, data_dir, server, thread)

@@ -27,15 +27,15 @@ def quote(url: str, body: dict[str, Any]) -> tuple[httpx.Response, PaymentRequir
     return r, PaymentRequired.model_validate(json.loads(decode_base64_any(r.headers["PAYMENT-REQUIRED"])))
 
 
-def client_for(server_url: str, *, evm_key: str | None = None, sol_key: Keypair | str | None = None
-               ) -> x402ClientSync:
+def client_for(server_url: str, *, evm_key: str | None = None, sol_key: Keypair | str | None = None,
+               sol_rpc: str | None = None) -> x402ClientSync:
     client = x402ClientSync()
     client.set_spend_controls(False)
     if evm_key:
         register_exact_evm_client(client, EthAccountSigner(Account.from_key(evm_key)))
     if sol_key is not None:
         kp = sol_key if isinstance(sol_key, Keypair) else Keypair.from_base58_string(sol_key)
-        register_exact_svm_client(client, KeypairSigner(kp), rpc_url=f"{server_url}/devnet/solana")
+        register_exact_svm_client(client, KeypairSigner(kp), rpc_url=sol_rpc or f"{server_url}/devnet/solana")
     return client
 
 
