@@ -83,3 +83,70 @@ def test_remote_facilitator_verifies_and_settles_over_http(remote: _Remote, netw
 def test_production_gateway_has_no_devnet_routes(remote: _Remote) -> None:
     assert httpx.get(f"{remote.gateway.url}/devnet").status_code == 404
     assert httpx.post(f"{remote.gateway.url}/devnet/faucet", json={}).status_code == 404
+
+
+def test_in_process_facilitator_settles_through_an_anvil_node(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """PAYWIRE_EVM_FACILITATOR_KEY + PAYWIRE_EVM_RPC_URL: the SDK's FacilitatorWeb3Signer over a
+    real node's JSON-RPC (anvil), the production path."""
+    from eth_account import Account
+
+    from tests.support.evm_anvil import AnvilUsdc, anvil_missing, run_anvil
+
+    if anvil_missing():
+        pytest.skip(anvil_missing())
+    facilitator_key = "0x" + Account.create().key.hex().removeprefix("0x")
+    merchant, payer = Account.create(), Account.create()
+    payer_key = "0x" + payer.key.hex().removeprefix("0x")
+    with run_anvil() as node:
+        chain = AnvilUsdc(node, facilitator_key=facilitator_key,
+                          minter_key=Account.create().key.hex())
+        chain.mint(payer.address, 100_000)
+        gateway = start_server(tmp_path_factory.mktemp("anvil"), env={
+            "PAYWIRE_NETWORKS": "base-sepolia",
+            "PAYWIRE_EVM_PAY_TO": merchant.address,
+            "PAYWIRE_EVM_FACILITATOR_KEY": facilitator_key,
+            "PAYWIRE_EVM_RPC_URL": node.url,
+        })
+        try:
+            url = f"{gateway.url}/v1/marketplace/api/token-count-508"
+            r, required = quote(url, BODY)
+            assert [a["network"] for a in r.json()["accepts"]] == ["base-sepolia"]
+            paid = post_paid(url, BODY, header(sign(client_for(gateway.url, evm_key=payer_key),
+                                                    required, EVM_NET)))
+            assert paid.status_code == 200, paid.text
+            tx = receipt(paid)["transaction"]
+            assert node.web3().eth.get_transaction_receipt(tx)["status"] == 1
+            assert chain.balance_of(merchant.address) == 5750
+            assert chain.balance_of(payer.address) == 100_000 - 5750
+            # the same payment again: refused, nothing moves
+            again = post_paid(url, BODY, paid.request.headers["PAYMENT-SIGNATURE"])
+            assert again.status_code == 402
+            assert chain.balance_of(merchant.address) == 5750
+        finally:
+            gateway.stop()
+
+
+def test_gateway_settles_on_circles_real_fiattoken(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """The whole HTTP flow with Circle's FiatTokenV2_2 (npm artifacts) at the USDC address."""
+    from tests.support.evm_circle import circle_missing, deploy_circle_usdc
+
+    if circle_missing():
+        pytest.skip(circle_missing())
+    keys = DevnetKeys.generate()
+    evm = deploy_circle_usdc(facilitator_key=keys.evm_facilitator, minter_key=keys.evm_minter)
+    devnet = Devnet(keys, evm=evm)
+    gateway = start_server(tmp_path_factory.mktemp("circle"), devnet=devnet)
+    try:
+        url = f"{gateway.url}/v1/marketplace/api/token-count-508"
+        _, required = quote(url, BODY)
+        before = devnet.merchant_balances().evm
+        paid = post_paid(url, BODY, header(sign(client_for(gateway.url, evm_key=keys.evm_payer),
+                                                required, EVM_NET)))
+        assert paid.status_code == 200, paid.text
+        assert devnet.merchant_balances().evm - before == 5750
+        assert evm.balance_of(keys.evm_payer_address) == 100_000_000 - 5750
+        # Circle's own contract refuses the replay: the nonce is used on chain
+        again = post_paid(url, BODY, paid.request.headers["PAYMENT-SIGNATURE"])
+        assert again.status_code == 402
+    finally:
+        gateway.stop()

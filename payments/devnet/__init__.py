@@ -29,12 +29,15 @@ class Balances:
 class Devnet:
     """Both devnet chains with the operator (merchant), facilitator and demo payer set up."""
 
-    def __init__(self, keys: DevnetKeys, *, demo_payer_funds: int = DEMO_PAYER_FUNDS) -> None:
+    def __init__(self, keys: DevnetKeys, *, demo_payer_funds: int = DEMO_PAYER_FUNDS,
+                 evm: Any | None = None) -> None:
+        """`evm` replaces the default EVM chain (tests put Circle's FiatToken there)."""
         from .evm import EvmDevnet
         from .solana import SolanaDevnet
 
         self.keys = keys
-        self.evm = EvmDevnet(facilitator_key=keys.evm_facilitator, minter_key=keys.evm_minter)
+        self.evm = evm or EvmDevnet(facilitator_key=keys.evm_facilitator,
+                                    minter_key=keys.evm_minter)
         self.solana = SolanaDevnet(
             fee_payer=DevnetKeys.sol_keypair(keys.sol_fee_payer),
             mint_authority=DevnetKeys.sol_keypair(keys.sol_mint_authority),
