@@ -26,7 +26,10 @@ def in_process_facilitator(
     if evm:
         if evm_signer is None:
             raise ValueError("an EVM network is configured but no EVM facilitator signer")
-        register_exact_evm_facilitator(facilitator, evm_signer, networks=evm)
+        # Simulate again at settle time: a replayed or drained payment is refused before it is
+        # broadcast, instead of reverting on chain at the facilitator's gas cost.
+        register_exact_evm_facilitator(facilitator, evm_signer, networks=evm,
+                                       simulate_in_settle=True)
     if svm:
         if svm_signer is None:
             raise ValueError("a Solana network is configured but no Solana facilitator signer")
@@ -40,9 +43,9 @@ def rpc_signers(
     """Production signers over node RPC URLs (the SDK's own implementations)."""
     evm_signer = svm_signer = None
     if evm_key:
-        from x402.mechanisms.evm.signers import FacilitatorWeb3Signer
+        from .signers import ResilientFacilitatorWeb3Signer
 
-        evm_signer = FacilitatorWeb3Signer(private_key=evm_key, rpc_url=evm_rpc_url)
+        evm_signer = ResilientFacilitatorWeb3Signer(private_key=evm_key, rpc_url=evm_rpc_url)
     if solana_key:
         from solders.keypair import Keypair
 

@@ -40,7 +40,8 @@ from web3.providers.eth_tester.defaults import API_ENDPOINTS, static_return
 from web3.providers.eth_tester.middleware import request_formatters, result_formatters
 from web3.types import RPCEndpoint, RPCResponse
 from x402.mechanisms.evm.signer import FacilitatorEvmSigner
-from x402.mechanisms.evm.signers import FacilitatorWeb3Signer
+
+from ..signers import ResilientFacilitatorWeb3Signer
 
 ARTIFACT_PATH = Path(__file__).resolve().parent / "contracts" / "DevUSDC.json"
 
@@ -197,8 +198,8 @@ class _DevnetProvider(BaseProvider):
         return True
 
 
-class _DevnetFacilitatorSigner(FacilitatorWeb3Signer):
-    """The SDK's production signer, with its web3 pointed at the in-process chain.
+class _DevnetFacilitatorSigner(ResilientFacilitatorWeb3Signer):
+    """paywire's production signer (the SDK's, nonce-reset fix), on the in-process chain.
 
     FacilitatorWeb3Signer only takes an RPC URL; constructing it with an unused URL and then
     swapping its `_w3` keeps every signer method (nonce reservation, fixed gas limit, receipt
@@ -273,7 +274,7 @@ class EvmDevnet:
         self._endpoints = self._build_endpoints()
         self._w3 = Web3(_DevnetProvider(self))
         self._token = self._w3.eth.contract(address=self.USDC_ADDRESS, abi=self._artifact["abi"])
-        self._signer: FacilitatorWeb3Signer | None = None
+        self._signer: ResilientFacilitatorWeb3Signer | None = None
 
     # ---- public API ----
 
