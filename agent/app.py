@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -41,6 +43,30 @@ class Runtime:
     processor: PaymentProcessor
     gateway: Gateway
     devnet: Any | None = None
+
+
+class ServerTimingTotal:
+    """Every answer carries Server-Timing; the pipeline adds its stages, this adds the rest."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+
+        async def timed_send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(k.lower() == b"server-timing" for k, _ in headers):
+                    total = (time.perf_counter() - start) * 1000
+                    headers.append((b"server-timing", f"total;dur={total:.2f}".encode()))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, timed_send)
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -127,6 +153,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         from .devnet_http import routes as devnet_routes
 
         route_list += devnet_routes(devnet, settings.base_url)
-    app = Starlette(routes=route_list, lifespan=lifespan)
+    app = Starlette(routes=route_list, lifespan=lifespan,
+                    middleware=[Middleware(ServerTimingTotal)])
     app.state.runtime = runtime
     return app

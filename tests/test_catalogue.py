@@ -33,6 +33,7 @@ def get(server: LiveServer, query: str = "") -> httpx.Response:
 def test_lists_the_twelve_resources_with_exact_prices_and_categories(server: LiveServer) -> None:
     r = get(server)
     assert r.status_code == 200 and "PAYMENT-REQUIRED" not in r.headers
+    assert r.headers["server-timing"].startswith("total;dur=")
     body = r.json()
     assert body["success"] is True
     data = body["data"]
