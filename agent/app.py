@@ -23,9 +23,11 @@ from compat import marketplace
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
 from payments.ledger import Ledger
 from payments.processor import PaymentProcessor, PayTo
+from skills.help import make_help_skill
 from skills.registry import SkillRegistry
 from skills.resource_files import BUILTIN_DIR, load_resource_dirs
 
+from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
 from .settings import Settings
 
@@ -123,6 +125,44 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
     return processor
 
 
+def a2a_card_placeholder(base_url: str) -> Any:
+    """The card the request handler holds (its capabilities); discovery serves the full one."""
+    from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface
+
+    from .a2a_messages import X402_EXTENSION
+
+    return AgentCard(
+        name="paywire", description="Pay-per-call AI and data skills, paid with x402.",
+        version="0.1.0",
+        supported_interfaces=[AgentInterface(url=f"{base_url}/a2a", protocol_binding="JSONRPC",
+                                             protocol_version="1.0")],
+        capabilities=AgentCapabilities(streaming=True, extensions=[
+            AgentExtension(uri=X402_EXTENSION, required=False)]),
+        default_input_modes=["application/json", "text/plain"],
+        default_output_modes=["application/json", "text/plain"],
+    )
+
+
+def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings) -> tuple[list[Any], Any]:
+    """JSON-RPC at /a2a and /a2a/ (1.0 and 0.3 method names), tasks in the ledger's database."""
+    from a2a.server.request_handlers import DefaultRequestHandler
+    from a2a.server.routes import create_jsonrpc_routes
+    from a2a.server.tasks import DatabaseTaskStore
+
+    from .a2a_executor import PaywireExecutor
+
+    store = DatabaseTaskStore(engine)  # table "tasks"; a custom name breaks a 2nd store per process
+    handler = DefaultRequestHandler(
+        agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a"),
+        task_store=store,
+        agent_card=a2a_card_placeholder(settings.base_url),
+        interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),
+    )
+    routes = [*create_jsonrpc_routes(handler, "/a2a", enable_v0_3_compat=True),
+              *create_jsonrpc_routes(handler, "/a2a/", enable_v0_3_compat=True)]
+    return routes, store
+
+
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
     if settings.devnet and devnet is None:
@@ -134,12 +174,15 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     ledger = Ledger(engine)
     registry = build_registry(settings)
     processor = build_payments(settings, devnet)
+    registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     gateway = Gateway(registry, processor, ledger)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
+    a2a, task_store = a2a_routes(gateway, engine, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await ledger.create_tables()
+        await task_store.initialize()
         yield
         await engine.dispose()
 
@@ -149,11 +192,15 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
 
     route_list: list[Any] = [Route("/health", health, methods=["GET"])]
     route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
+    route_list += a2a
     if devnet is not None:
         from .devnet_http import routes as devnet_routes
 
         route_list += devnet_routes(devnet, settings.base_url)
-    app = Starlette(routes=route_list, lifespan=lifespan,
-                    middleware=[Middleware(ServerTimingTotal)])
+    app = Starlette(routes=route_list, lifespan=lifespan, middleware=[
+        Middleware(ServerTimingTotal),
+        Middleware(A2AHttpLayer, gateway=gateway, paths={"/a2a", "/a2a/"},
+                   rpc_url=f"{settings.base_url}/a2a", max_body_bytes=settings.max_body_bytes),
+    ])
     app.state.runtime = runtime
     return app

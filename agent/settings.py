@@ -34,6 +34,7 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     max_timeout_seconds: int = 300
     resource_dirs: tuple[Path, ...] = ()
+    a2a_payment_timeout_seconds: int = 900
 
     @property
     def base_url(self) -> str:
@@ -71,6 +72,7 @@ class Settings:
             max_body_bytes=positive_int("PAYWIRE_MAX_BODY_BYTES", 1024 * 1024),
             max_timeout_seconds=positive_int("PAYWIRE_MAX_TIMEOUT_SECONDS", 300),
             resource_dirs=tuple(Path(p) for p in get("PAYWIRE_RESOURCE_DIRS").split(os.pathsep) if p),
+            a2a_payment_timeout_seconds=positive_int("PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900),
         )
         if base["public_url"] and not base["public_url"].startswith(("http://", "https://")):
             raise ConfigError(
