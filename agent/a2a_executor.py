@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextvars
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC
 from typing import Any
 
 from a2a.helpers.proto_helpers import new_data_part, new_text_part
@@ -86,9 +88,10 @@ def _dump(model: Any) -> dict[str, Any]:
 
 
 class PaywireExecutor(AgentExecutor):
-    def __init__(self, gateway: Gateway, rpc_url: str) -> None:
+    def __init__(self, gateway: Gateway, rpc_url: str, payment_window_seconds: float = 900) -> None:
         self.gateway = gateway
         self.rpc_url = rpc_url
+        self.payment_window = payment_window_seconds
 
     def resolve(self, message: Message) -> SkillCall:
         """Parse and check the skill exists: errors become JSON-RPC invalid params."""
@@ -124,7 +127,8 @@ class PaywireExecutor(AgentExecutor):
         headers = (context.call_context.state or {}).get("headers", {}) if context.call_context else {}
         payment = read_payment_header(headers)
         outcome = await self.gateway.call(CallRequest(
-            skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment))
+            skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
+            stream=True))
         await self._finish(updater, outcome, paid_attempt=payment is not None,
                            in_band=extension_requested(context))
 
@@ -137,6 +141,15 @@ class PaywireExecutor(AgentExecutor):
                 message=f"task {task.id} is not waiting for a payment (state "
                         f"{TaskState.Name(task.status.state)})", data={"field": "message.taskId"})
         request = json.loads(stored)
+        waited = time.time() - task.status.timestamp.ToDatetime(UTC).timestamp()
+        if waited > self.payment_window:
+            await updater.failed(_agent_message(
+                task.context_id, task.id,
+                f"this task waited {waited:.0f}s for payment, longer than the "
+                f"{self.payment_window:.0f}s window; send the request again for a fresh quote",
+                {STATUS_KEY: "payment-failed", ERROR_KEY: "payment_window_expired",
+                 RECEIPTS_KEY: []}))
+            return
         payload = meta.get(PAYLOAD_KEY)
         if not isinstance(payload, dict):
             await updater.failed(_agent_message(
@@ -148,7 +161,7 @@ class PaywireExecutor(AgentExecutor):
         header = "PAYMENT-SIGNATURE" if payload.get("x402Version") == 2 else "X-PAYMENT"
         outcome = await self.gateway.call(CallRequest(
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
-            payment=(header, encode_json_b64(payload))))
+            payment=(header, encode_json_b64(payload)), stream=True))
         await self._finish(updater, outcome, paid_attempt=True, in_band=True)
 
     async def _finish(self, updater: TaskUpdater, outcome: Outcome, *, paid_attempt: bool,
@@ -157,6 +170,21 @@ class PaywireExecutor(AgentExecutor):
         if scope is not None:
             scope.outcomes.append(outcome)
         ctx, tid = updater.context_id, updater.task_id
+        if isinstance(outcome, Delivered) and outcome.stream is not None:
+            if scope is not None and outcome.receipt is not None:
+                scope.receipt = outcome.receipt
+            artifact_id = str(uuid.uuid4())
+            count = 0
+            async for chunk in outcome.stream:
+                await updater.add_artifact([_chunk_part(chunk)], artifact_id=artifact_id,
+                                           name="result", append=count > 0, last_chunk=False)
+                count += 1
+            await updater.add_artifact([new_text_part("")], artifact_id=artifact_id, name="result",
+                                       append=True, last_chunk=True)
+            receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
+            meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
+            await updater.complete(_agent_message(ctx, tid, "Done.", meta))
+            return
         if isinstance(outcome, Delivered):
             body = outcome.result.body
             parts: list[Part] = []
@@ -205,6 +233,19 @@ class PaywireExecutor(AgentExecutor):
             raise TaskNotCancelableError(
                 message="only a task waiting for payment can be canceled; paid calls run to the end")
         await TaskUpdater(event_queue, task.id, task.context_id).cancel()
+
+
+def _chunk_part(chunk: Any) -> Part:
+    """A streamed chunk as a part: text as it arrives (chat deltas), other JSON as data."""
+    if isinstance(chunk, str):
+        return new_text_part(chunk)
+    if isinstance(chunk, dict):
+        choices = chunk.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            delta = choices[0].get("delta") or {}
+            if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+                return new_text_part(delta["content"])
+    return new_data_part(chunk, "application/json")
 
 
 def _answer_text(body: Any) -> str | None:

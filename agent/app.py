@@ -153,14 +153,15 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings) -> tup
 
     store = DatabaseTaskStore(engine)  # table "tasks"; a custom name breaks a 2nd store per process
     handler = DefaultRequestHandler(
-        agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a"),
+        agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a",
+                                       settings.a2a_payment_timeout_seconds),
         task_store=store,
         agent_card=a2a_card_placeholder(settings.base_url),
         interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),
     )
     routes = [*create_jsonrpc_routes(handler, "/a2a", enable_v0_3_compat=True),
               *create_jsonrpc_routes(handler, "/a2a/", enable_v0_3_compat=True)]
-    return routes, store
+    return routes, (store, handler)
 
 
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
@@ -177,13 +178,14 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     gateway = Gateway(registry, processor, ledger)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
-    a2a, task_store = a2a_routes(gateway, engine, settings)
+    a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await ledger.create_tables()
         await task_store.initialize()
         yield
+        await a2a_handler.aclose()
         await engine.dispose()
 
     async def health(request: Request) -> Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -36,6 +37,7 @@ class CallRequest:
     payload: dict[str, Any] | None
     resource_url: str
     payment: tuple[str, str] | None = None  # (header name, header value)
+    stream: bool = False  # the caller takes chunks as they come, when the skill streams
 
 
 @dataclass
@@ -45,9 +47,13 @@ class Outcome:
 
 @dataclass
 class Delivered(Outcome):
+    """The result, paid. For a stream, `stream` yields the chunks (the first one is already in
+    hand: settlement happened after it arrived and before anything went to the caller)."""
+
     result: SkillResult
     receipt: SettleResponse | None = None
     price_atomic: int = 0
+    stream: AsyncIterator[Any] | None = None
 
 
 @dataclass
@@ -164,29 +170,73 @@ class Gateway:
                 return demand("payment_already_used",
                               "this payment was already used; sign a new payment for this call")
 
+        streaming = req.stream and skill.streamer is not None
         with t.stage("run"):
             try:
-                result = await skill.run(payload)
-            except SkillInputError as exc:
-                await self.ledger.release(row_id, f"invalid input: {exc.message}")
-                return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
-            except SkillUnavailableError as exc:
-                await self.ledger.release(row_id, str(exc))
-                return Refused(t, 503, "skill_unavailable", str(exc))
-            except UpstreamError as exc:
-                await self.ledger.release(row_id, exc.message)
-                return Refused(t, exc.status, "upstream_error",
-                               f"{exc.message}; nothing was charged")
+                if streaming:
+                    assert skill.streamer is not None
+                    chunks = skill.streamer(payload)
+                    first = await _first(chunks)
+                    result = SkillResult(body=None, media_type="text/event-stream")
+                else:
+                    result = await skill.run(payload)
             except Exception as exc:
-                log.exception("skill %s failed", skill.id)
-                await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")
-                return Refused(t, 500, "skill_failed",
-                               f"skill '{skill.id}' failed ({type(exc).__name__}); nothing was charged")
-
+                return await self._run_failed(t, skill, row_id, exc)
+        if streaming:
+            return await self._settle_stream(t, skill, matched, row_id, chunks, first, atomic,
+                                             demand)
         return await self._settle_and_deliver(t, skill, matched, row_id, result, atomic, demand)
 
+    async def _run_failed(self, t: Timings, skill: Skill, row_id: str, exc: Exception) -> Outcome:
+        """The skill did not deliver: release the claim (nothing is charged) and say why."""
+        if isinstance(exc, SkillInputError):
+            await self.ledger.release(row_id, f"invalid input: {exc.message}")
+            return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+        if isinstance(exc, SkillUnavailableError):
+            await self.ledger.release(row_id, str(exc))
+            return Refused(t, 503, "skill_unavailable", str(exc))
+        if isinstance(exc, UpstreamError):
+            await self.ledger.release(row_id, exc.message)
+            return Refused(t, exc.status, "upstream_error", f"{exc.message}; nothing was charged")
+        log.error("skill %s failed", skill.id, exc_info=exc)
+        await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")
+        return Refused(t, 500, "skill_failed",
+                       f"skill '{skill.id}' failed ({type(exc).__name__}); nothing was charged")
+
+    async def _settle_stream(self, t: Timings, skill: Skill, matched: Matched, row_id: str,
+                             chunks: AsyncIterator[Any], first: Any, atomic: int, demand: Any
+                             ) -> Outcome:
+        """Settle with the first chunk in hand, before any byte goes out; then pass the rest."""
+        outcome = await self._settle_and_deliver(t, skill, matched, row_id, SkillResult(body=None),
+                                                 atomic, demand, record=False)
+        if not isinstance(outcome, Delivered):
+            await chunks.aclose()  # cancel the upstream: the payment did not settle
+            return outcome
+        ledger, started = self.ledger, t
+
+        async def rest() -> AsyncIterator[Any]:
+            sent, complete = 0, False
+            try:
+                if first is not _END:
+                    yield first
+                    sent += 1
+                async for chunk in chunks:
+                    yield chunk
+                    sent += 1
+                complete = True
+            finally:
+                if not complete:
+                    await chunks.aclose()
+                usage = {"chunks": sent, "delivery": "complete" if complete else "partial"}
+                await ledger.record_usage(row_id, latency_ms=round(started.total_ms()),
+                                          usage=usage)
+
+        outcome.stream = rest()
+        return outcome
+
     async def _settle_and_deliver(self, t: Timings, skill: Skill, matched: Matched, row_id: str,
-                                  result: SkillResult, atomic: int, demand: Any) -> Outcome:
+                                  result: SkillResult, atomic: int, demand: Any,
+                                  record: bool = True) -> Outcome:
         with t.stage("settle"):
             try:
                 receipt = await self.processor.settle(matched)
@@ -207,12 +257,13 @@ class Gateway:
             "payer": receipt.payer or None,
         })
         await self.ledger.mark_settled(row_id, receipt.transaction)
-        await self.ledger.record_usage(
-            row_id,
-            latency_ms=round(t.total_ms()),
-            usage=result.usage,
-            upstream_cost_usd=str(result.upstream_cost_usd) if result.upstream_cost_usd else None,
-        )
+        if record:
+            await self.ledger.record_usage(
+                row_id,
+                latency_ms=round(t.total_ms()),
+                usage=result.usage,
+                upstream_cost_usd=str(result.upstream_cost_usd) if result.upstream_cost_usd else None,
+            )
         return Delivered(t, result, receipt, atomic)
 
     async def _run_free(self, t: Timings, skill: Skill, payload: dict[str, Any]) -> Outcome:
@@ -221,6 +272,16 @@ class Gateway:
                 return Delivered(t, await skill.run(payload))
             except SkillInputError as exc:
                 return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+
+
+_END = object()
+
+
+async def _first(chunks: AsyncIterator[Any]) -> Any:
+    try:
+        return await chunks.__anext__()
+    except StopAsyncIteration:
+        return _END
 
 
 def _mismatch(payload: Any, requirements: list[Any]) -> tuple[str, str]:

@@ -4,7 +4,8 @@ A resource file is JSON with: id, name, description, categories, price (a decima
 call), method, input_schema (JSON Schema for the request body), and a `kind` with its own
 settings. Kinds so far:
 - `python`: `handler` names a module (or `module:object`) exposing `validate(payload)` and
-  `async run(payload) -> dict | SkillResult`.
+  `async run(payload) -> dict | SkillResult`, and optionally `stream(payload)`, an async
+  generator of chunks, for callers that ask for a stream.
 - `planned`: listed and quoted, but a paid call answers 503 and charges nothing.
 """
 
@@ -131,10 +132,12 @@ def skill_from_resource(data: dict[str, Any], source: str) -> Skill:
     if problems:
         raise ResourceFileError(source, problems)
     categories = tuple(data["categories"])
+    streamer = None
     if data["kind"] == "python":
         handler = _load_handler(data["handler"])
         run = _runner(handler)
         validator = getattr(handler, "validate", None)
+        streamer = getattr(handler, "stream", None)
     else:
         run = _planned_runner(data["id"])
         validator = None
@@ -151,6 +154,7 @@ def skill_from_resource(data: dict[str, Any], source: str) -> Skill:
         validator=validator,
         examples=tuple(data.get("examples", ())),
         run=run,
+        streamer=streamer,
         source=source,
     )
 

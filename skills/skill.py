@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -27,6 +27,7 @@ class SkillResult:
 
 
 Runner = Callable[[Payload], Awaitable[SkillResult]]
+Streamer = Callable[[Payload], AsyncIterator[Any]]
 Validator = Callable[[Payload], None]
 Pricer = Callable[[Payload], Decimal]
 
@@ -49,6 +50,8 @@ class Skill:
     validator: Validator | None = None
     examples: tuple[Payload, ...] = ()
     source: str = ""
+    # Streaming skills yield chunks (text, or JSON objects such as chat.completion.chunk).
+    streamer: Streamer | None = None
 
     def __post_init__(self) -> None:
         if self.price_usd is None and self.pricer is None:

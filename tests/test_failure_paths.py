@@ -80,4 +80,4 @@ def test_settlement_failure_withholds_the_result_and_answers_402_with_failed_rec
 def test_unknown_resource_from_test_dir_is_listed_and_invocable(test_server: LiveServer) -> None:
     items = httpx.get(f"{test_server.url}/api/marketplace/apis?category=test").json()["data"]
     assert {i["resource_id"] for i in items["items"]} == {"test-boom", "test-upstream-down",
-                                                          "test-hooked"}
+                                                          "test-hooked", "test-stream"}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from skills.errors import UpstreamError
@@ -32,3 +34,22 @@ class Hooked:
         if Hooked.hook is not None:
             Hooked.hook()
         return {"ok": True, "echo": payload}
+
+
+class Streamer:
+    """A streaming skill: the first chunk, then (once `gate` is set, if any) the rest."""
+
+    gate: threading.Event | None = None
+
+    @staticmethod
+    async def run(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"text": " ".join(payload.get("words") or ["alpha", "beta", "gamma"])}
+
+    @staticmethod
+    async def stream(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        words = payload.get("words") or ["alpha", "beta", "gamma"]
+        yield {"object": "chat.completion.chunk", "choices": [{"delta": {"content": words[0]}}]}
+        if Streamer.gate is not None:  # wait, off the loop, for the test to release the rest
+            await asyncio.to_thread(Streamer.gate.wait, 30)
+        for word in words[1:]:
+            yield {"object": "chat.completion.chunk", "choices": [{"delta": {"content": " " + word}}]}
