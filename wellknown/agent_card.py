@@ -1,0 +1,275 @@
+"""The A2A agent card, built from the live skill registry, at both well-known paths.
+
+- `/.well-known/agent-card.json`: the A2A 1.0 card (the SDK's protobuf `AgentCard`, serialised by
+  the SDK's `agent_card_to_dict`).
+- `/.well-known/agent.json`: the 0.3-era card (top-level `url`, `protocolVersion`,
+  `preferredTransport`), converted by the SDK's own 0.3 compat layer.
+
+Every skill's description states its price and its examples are the exact data part to send, so
+an agent can go from the card to a paid call without reading any other document. No price is
+computed here: fixed prices are read from `skill.price_usd`; skills with a pricer say so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from a2a.compat.v0_3.conversions import to_compat_agent_card
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
+    AgentInterface,
+    AgentProvider,
+    AgentSkill,
+)
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from agent.gateway import Gateway
+from payments.money import display_usd
+
+if TYPE_CHECKING:
+    from skills.skill import Skill
+
+X402_EXTENSION = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
+HELP_SKILL = "help"
+CARD_PATH = "/.well-known/agent-card.json"
+LEGACY_CARD_PATH = "/.well-known/agent.json"
+CATALOGUE_PATH = "/api/marketplace/apis"
+CACHE_CONTROL = "public, max-age=60"
+IO_MODES = ["application/json", "text/plain"]
+# The 0.3 spec's examples and the SDK's 0.3 client default use the three-part form.
+LEGACY_PROTOCOL_VERSION = "0.3.0"
+
+HELP_DESCRIPTION = (
+    "Send any text without a skill to learn what paywire sells and how to call it. Free."
+)
+HOW_TO_CALL = (
+    'Call a skill by sending a message with one data part {"skill": "<skill id>", "input": {...}}, '
+    "where input is the JSON body of the skill's REST route; each skill's examples are the exact "
+    "data part to send. Plain text with no skill goes to the free help skill."
+)
+EXTENSION_DESCRIPTION = (
+    "x402 payments in band: activate this extension (A2A-Extensions header) and an unpaid call "
+    "leaves the task input-required with x402.payment.required; answer on the same task with "
+    "x402.payment.status = payment-submitted and x402.payment.payload. Optional: without it, "
+    "/a2a answers an unpaid call with HTTP 402 and the same quote, and the call is retried with a "
+    "PAYMENT-SIGNATURE or X-PAYMENT header."
+)
+
+
+def _networks_text(gateway: Gateway) -> str:
+    """`Base Sepolia (eip155:84532) and Solana devnet (solana:...)`, from the payment config."""
+    networks = getattr(getattr(gateway, "processor", None), "networks", None) or []
+    names = [f"{n.label or n.v1_name} ({n.caip2})" for n in networks]
+    if not names:
+        return "the networks each quote lists"
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _price_text(skill: Skill) -> str:
+    # Skill.price() prefers the pricer, so a pricer wins over any fixed price here too.
+    if skill.pricer is not None or skill.price_usd is None:
+        return ("Price: priced per request (computed from the input; the x402 quote states the "
+                "exact USDC amount).")
+    if skill.price_usd == 0:
+        return "Free."
+    return f"Price: {display_usd(skill.price_usd)} per call (USDC via x402)."
+
+
+def _tags(skill: Skill) -> list[str]:
+    tags = [c.lower() for c in skill.categories] + list(skill.tags)
+    unique = list(dict.fromkeys(t for t in tags if t))
+    # A2A 1.0 marks AgentSkill.tags REQUIRED (non-empty).
+    return unique or [skill.kind]
+
+
+def skill_example(skill_id: str, example: dict[str, Any] | None = None) -> str:
+    """The exact data part that calls a skill, as JSON text."""
+    return json.dumps({"skill": skill_id, "input": example or {}}, ensure_ascii=False)
+
+
+def agent_skill(skill: Skill) -> AgentSkill:
+    """One registry skill as an A2A skill: price in the description, the exact call as example."""
+    first = skill.examples[0] if skill.examples else {}
+    return AgentSkill(
+        id=skill.id,
+        name=skill.name,
+        description=f"{skill.description.rstrip()} {_price_text(skill)}",
+        tags=_tags(skill),
+        examples=[skill_example(skill.id, first)],
+        input_modes=["application/json"],
+        output_modes=["application/json"],
+    )
+
+
+def help_skill() -> AgentSkill:
+    """The free entry point: plain text in, the catalogue and how to call it out."""
+    return AgentSkill(
+        id=HELP_SKILL,
+        name="Help",
+        description=HELP_DESCRIPTION,
+        tags=["help", "free"],
+        examples=["What do you sell?", skill_example(HELP_SKILL)],
+        input_modes=["text/plain", "application/json"],
+        output_modes=list(IO_MODES),
+    )
+
+
+def build_agent_card(
+    gateway: Gateway,
+    *,
+    base_url: str,
+    version: str,
+    max_skills: int = 200,
+    legacy_interface: bool = True,
+) -> AgentCard:
+    """The A2A 1.0 card for every skill in `gateway.registry` (help first, then registry order).
+
+    At most `max_skills` sellable skills are listed (the free help entry is extra); when some are
+    left out the description says how many and where the complete, paged list is.
+    `legacy_interface` also lists the same endpoint as a 0.3 JSON-RPC interface (the JSON-RPC
+    routes run with the SDK's 0.3 compatibility switch); that makes the SDK add the 0.3 top-level
+    fields to the served 1.0 JSON, so 0.3 clients reading agent-card.json work too.
+    """
+    if max_skills < 0:
+        raise ValueError(f"max_skills must be >= 0, got {max_skills}")
+    base_url = base_url.rstrip("/")
+    rpc_url = f"{base_url}/a2a"
+    sellable = [s for s in gateway.registry.all() if s.id != HELP_SKILL]
+    listed = sellable[:max_skills]
+    left_out = len(sellable) - len(listed)
+
+    description = (
+        f"paywire sells {len(sellable)} AI and data skills, each paid per call in USDC with x402 "
+        f"on {_networks_text(gateway)}. No account, no API key. {HOW_TO_CALL} To pay, either "
+        "answer the HTTP 402 from /a2a by retrying with a PAYMENT-SIGNATURE (or X-PAYMENT) header, "
+        "or activate the a2a-x402 extension and pay in band when the task turns input-required."
+    )
+    if left_out:
+        description += (
+            f" This card lists {len(listed)} of the {len(sellable)} skills; {left_out} more are "
+            f"not listed here. The complete, paged list: {base_url}{CATALOGUE_PATH}"
+            "?page=1&page_size=100 (the help skill lists them too)."
+        )
+
+    interfaces = [AgentInterface(url=rpc_url, protocol_binding="JSONRPC", protocol_version="1.0")]
+    if legacy_interface:
+        interfaces.append(AgentInterface(url=rpc_url, protocol_binding="JSONRPC",
+                                         protocol_version="0.3"))
+    return AgentCard(
+        name="paywire",
+        description=description,
+        version=version,
+        provider=AgentProvider(organization="paywire", url=base_url),
+        supported_interfaces=interfaces,
+        capabilities=AgentCapabilities(
+            streaming=True,
+            extensions=[AgentExtension(uri=X402_EXTENSION, description=EXTENSION_DESCRIPTION,
+                                       required=False)],
+        ),
+        default_input_modes=list(IO_MODES),
+        default_output_modes=list(IO_MODES),
+        skills=[help_skill(), *(agent_skill(s) for s in listed)],
+    )
+
+
+def card_to_dict(card: AgentCard) -> dict[str, Any]:
+    """The 1.0 card as served at /.well-known/agent-card.json."""
+    return agent_card_to_dict(card)
+
+
+def legacy_card_to_dict(card: AgentCard) -> dict[str, Any]:
+    """The 0.3-era card for /.well-known/agent.json, through the SDK's own 0.3 conversion.
+
+    The converter only accepts a card whose first interface is 0.x, so it gets a copy whose one
+    interface is the JSON-RPC endpoint as 0.3.
+    """
+    rpc_url = next((i.url for i in card.supported_interfaces if i.protocol_binding == "JSONRPC"),
+                   None)
+    if rpc_url is None:
+        raise ValueError("the card has no JSON-RPC interface to offer 0.3 clients")
+    legacy = AgentCard()
+    legacy.CopyFrom(card)
+    del legacy.supported_interfaces[:]
+    legacy.supported_interfaces.append(AgentInterface(
+        url=rpc_url, protocol_binding="JSONRPC", protocol_version=LEGACY_PROTOCOL_VERSION))
+    return to_compat_agent_card(legacy).model_dump(mode="json", exclude_none=True)
+
+
+def cached_card_factory(
+    gateway: Gateway,
+    *,
+    base_url: str,
+    version: str,
+    max_skills: int = 200,
+    legacy_interface: bool = True,
+) -> Callable[[], AgentCard]:
+    """A callable returning the card, rebuilt only when the registry changed.
+
+    The registry only ever grows (it has no removal), so its size identifies its state.
+    """
+    cached: list[tuple[int, AgentCard]] = []
+
+    def current() -> AgentCard:
+        size = len(gateway.registry)
+        if not cached or cached[0][0] != size:
+            card = build_agent_card(gateway, base_url=base_url, version=version,
+                                    max_skills=max_skills, legacy_interface=legacy_interface)
+            cached[:] = [(size, card)]
+        return cached[0][1]
+
+    return current
+
+
+class _Document:
+    """A rendered JSON body with its strong ETag (a hash of the exact bytes served)."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+        self.etag = f'"{hashlib.sha256(self.body).hexdigest()}"'
+
+    def response(self, request: Request) -> Response:
+        headers = {"ETag": self.etag, "Cache-Control": CACHE_CONTROL,
+                   "Access-Control-Allow-Origin": "*"}
+        if _matches(request.headers.get("if-none-match"), self.etag):
+            return Response(status_code=304, headers=headers)
+        return Response(self.body, media_type="application/json", headers=headers)
+
+
+def _matches(if_none_match: str | None, etag: str) -> bool:
+    """RFC 9110 If-None-Match: weak comparison, a list of tags, or `*`."""
+    if not if_none_match:
+        return False
+    tags = [t.strip() for t in if_none_match.split(",")]
+    return "*" in tags or any(t.removeprefix("W/") == etag for t in tags)
+
+
+def routes(card_factory: Callable[[], AgentCard]) -> list[Route]:
+    """GET /.well-known/agent-card.json (1.0) and /.well-known/agent.json (0.3).
+
+    Both documents are rendered once per card: `card_factory` should return the same object
+    while nothing changed (see `cached_card_factory`), and then serving costs a hash compare.
+    """
+    rendered: list[tuple[AgentCard, _Document, _Document]] = []
+
+    def documents() -> tuple[_Document, _Document]:
+        card = card_factory()
+        if not rendered or rendered[0][0] is not card:
+            rendered[:] = [(card, _Document(card_to_dict(card)), _Document(legacy_card_to_dict(card)))]
+        return rendered[0][1], rendered[0][2]
+
+    async def current_card(request: Request) -> Response:
+        return documents()[0].response(request)
+
+    async def legacy_card(request: Request) -> Response:
+        return documents()[1].response(request)
+
+    return [Route(CARD_PATH, current_card, methods=["GET"]),
+            Route(LEGACY_CARD_PATH, legacy_card, methods=["GET"])]
