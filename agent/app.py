@@ -26,12 +26,14 @@ from payments.processor import PaymentProcessor, PayTo
 from skills.help import make_help_skill
 from skills.registry import SkillRegistry
 from skills.resource_files import BUILTIN_DIR, load_resource_dirs
+from wellknown import agent_card
 
 from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
 from .settings import Settings
 
 log = logging.getLogger("paywire")
+VERSION = "0.1.0"
 
 
 @dataclass
@@ -125,25 +127,8 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
     return processor
 
 
-def a2a_card_placeholder(base_url: str) -> Any:
-    """The card the request handler holds (its capabilities); discovery serves the full one."""
-    from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface
-
-    from .a2a_messages import X402_EXTENSION
-
-    return AgentCard(
-        name="paywire", description="Pay-per-call AI and data skills, paid with x402.",
-        version="0.1.0",
-        supported_interfaces=[AgentInterface(url=f"{base_url}/a2a", protocol_binding="JSONRPC",
-                                             protocol_version="1.0")],
-        capabilities=AgentCapabilities(streaming=True, extensions=[
-            AgentExtension(uri=X402_EXTENSION, required=False)]),
-        default_input_modes=["application/json", "text/plain"],
-        default_output_modes=["application/json", "text/plain"],
-    )
-
-
-def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings) -> tuple[list[Any], Any]:
+def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: Any
+               ) -> tuple[list[Any], Any]:
     """JSON-RPC at /a2a and /a2a/ (1.0 and 0.3 method names), tasks in the ledger's database."""
     from a2a.server.request_handlers import DefaultRequestHandler
     from a2a.server.routes import create_jsonrpc_routes
@@ -156,7 +141,7 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings) -> tup
         agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a",
                                        settings.a2a_payment_timeout_seconds),
         task_store=store,
-        agent_card=a2a_card_placeholder(settings.base_url),
+        agent_card=card,
         interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),
     )
     routes = [*create_jsonrpc_routes(handler, "/a2a", enable_v0_3_compat=True),
@@ -178,7 +163,9 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     gateway = Gateway(registry, processor, ledger)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
-    a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings)
+    card_factory = agent_card.cached_card_factory(
+        gateway, base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
+    a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings, card_factory())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -195,6 +182,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     route_list: list[Any] = [Route("/health", health, methods=["GET"])]
     route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
     route_list += a2a
+    route_list += agent_card.routes(card_factory)
     if devnet is not None:
         from .devnet_http import routes as devnet_routes
 

@@ -35,6 +35,7 @@ class Settings:
     max_timeout_seconds: int = 300
     resource_dirs: tuple[Path, ...] = ()
     a2a_payment_timeout_seconds: int = 900
+    card_max_skills: int = 200
 
     @property
     def base_url(self) -> str:
@@ -73,6 +74,7 @@ class Settings:
             max_timeout_seconds=positive_int("PAYWIRE_MAX_TIMEOUT_SECONDS", 300),
             resource_dirs=tuple(Path(p) for p in get("PAYWIRE_RESOURCE_DIRS").split(os.pathsep) if p),
             a2a_payment_timeout_seconds=positive_int("PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900),
+            card_max_skills=positive_int("PAYWIRE_CARD_MAX_SKILLS", 200),
         )
         if base["public_url"] and not base["public_url"].startswith(("http://", "https://")):
             raise ConfigError(
