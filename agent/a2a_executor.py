@@ -22,14 +22,18 @@ from typing import Any
 
 from a2a.helpers.proto_helpers import new_data_part, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue_v2 import EventQueue
+from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
+from starlette.requests import Request
 
 from payments.codec import encode_json_b64, read_payment_header
+from payments.identity import wallet_owner
 
 from .a2a_messages import (
     ERROR_KEY,
@@ -54,6 +58,27 @@ class HttpPaymentScope:
     receipt: Any = None
     demanded: PaymentDemanded | None = None
     outcomes: list[Outcome] = field(default_factory=list)
+
+
+OWNER_STATE = "paywire_owner"  # request.state key / call-context state key of the caller's identity
+
+
+class OwnerContextBuilder(DefaultServerCallContextBuilder):
+    """Carries the identity the HTTP layer proved (SIWX) into the A2A call context."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        context.state[OWNER_STATE] = getattr(request.state, OWNER_STATE, "anonymous")
+        return context
+
+
+def task_owner(context: ServerCallContext) -> str:
+    """Owner of the tasks a call creates or may read: a proven or paying wallet, else anonymous.
+
+    Anonymous tasks are those nobody paid for (quotes, free help, refused calls): a task a payer
+    paid for is owned by that payer's wallet and is readable only with a SIWX proof of it.
+    """
+    return str(context.state.get(OWNER_STATE, "anonymous"))
 
 
 http_payment_scope: contextvars.ContextVar[HttpPaymentScope | None] = contextvars.ContextVar(
@@ -129,8 +154,7 @@ class PaywireExecutor(AgentExecutor):
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
             stream=True))
-        await self._finish(updater, outcome, paid_attempt=payment is not None,
-                           in_band=extension_requested(context))
+        await self._finish(updater, outcome, context, paid_attempt=payment is not None)
 
     async def _pay_pending(self, context: RequestContext, event_queue: EventQueue, task: Task,
                            meta: dict[str, Any]) -> None:
@@ -162,11 +186,14 @@ class PaywireExecutor(AgentExecutor):
         outcome = await self.gateway.call(CallRequest(
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
             payment=(header, encode_json_b64(payload)), stream=True))
-        await self._finish(updater, outcome, paid_attempt=True, in_band=True)
+        await self._finish(updater, outcome, context, paid_attempt=True)
 
-    async def _finish(self, updater: TaskUpdater, outcome: Outcome, *, paid_attempt: bool,
-                      in_band: bool) -> None:
+    async def _finish(self, updater: TaskUpdater, outcome: Outcome, context: RequestContext, *,
+                      paid_attempt: bool) -> None:
         scope = http_payment_scope.get()
+        receipt = getattr(outcome, "receipt", None)
+        if isinstance(outcome, Delivered) and receipt is not None and receipt.payer:
+            _take_ownership(context, receipt.payer)
         if scope is not None:
             scope.outcomes.append(outcome)
         ctx, tid = updater.context_id, updater.task_id
@@ -233,6 +260,13 @@ class PaywireExecutor(AgentExecutor):
             raise TaskNotCancelableError(
                 message="only a task waiting for payment can be canceled; paid calls run to the end")
         await TaskUpdater(event_queue, task.id, task.context_id).cancel()
+
+
+def _take_ownership(context: RequestContext, payer: str) -> None:
+    """A paid task belongs to its payer from now on (unless a proven wallet created it)."""
+    state = context.call_context.state if context.call_context else None
+    if state is not None and state.get(OWNER_STATE, "anonymous") == "anonymous":
+        state[OWNER_STATE] = wallet_owner(payer)
 
 
 def _chunk_part(chunk: Any) -> Part:

@@ -5,6 +5,8 @@
 - An unpaid `message/send` / `SendMessage` (or streaming) for a paid skill, from a client that
   did not activate the a2a-x402 extension, gets HTTP 402 with the same quote as REST, so a plain
   x402 HTTP client pays for an A2A call by retrying the identical request with a payment header.
+- A `SIGN-IN-WITH-X` header (x402's CAIP-122 wallet proof for this origin) identifies the
+  caller; tasks are owned by the wallet that paid for them (see `a2a_executor`).
 - A call paid with a header gets its receipt in `PAYMENT-RESPONSE` / `X-PAYMENT-RESPONSE`; a
   header payment that is refused turns the JSON-RPC answer into the HTTP 402 a plain x402
   client understands.
@@ -14,8 +16,11 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import urlsplit
 
-from .a2a_executor import HttpPaymentScope, http_payment_scope
+from payments.identity import SIWX_HEADER, IdentityError, verify_wallet_header
+
+from .a2a_executor import OWNER_STATE, HttpPaymentScope, http_payment_scope
 from .a2a_messages import X402_EXTENSION, MessageError, coerce_numbers, parse_skill_call_json
 from .gateway import CallRequest, Gateway, PaymentDemanded
 from .http_io import receipt_headers, render
@@ -31,6 +36,8 @@ class A2AHttpLayer:
     def __init__(self, app: Any, gateway: Gateway, paths: set[str], rpc_url: str,
                  max_body_bytes: int) -> None:
         self.app = app
+        parts = urlsplit(rpc_url)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
         self.gateway = gateway
         self.paths = paths
         self.rpc_url = rpc_url
@@ -56,6 +63,16 @@ class A2AHttpLayer:
         except (UnicodeDecodeError, json.JSONDecodeError):
             rpc = None
         method = rpc.get("method") if isinstance(rpc, dict) else None
+        owner = "anonymous"
+        proof = headers.get(SIWX_HEADER.lower())
+        if proof:
+            try:
+                owner = await verify_wallet_header(proof, self.origin)
+            except IdentityError as exc:
+                await _send_json(send, 401, {"jsonrpc": "2.0", "id": rpc.get("id") if isinstance(
+                    rpc, dict) else None, "error": {"code": -32600, "message": str(exc)}})
+                return
+        scope = {**scope, "state": {**scope.get("state", {}), OWNER_STATE: owner}}
         if method in V1_METHODS and "a2a-version" not in headers:
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
         if method in SEND_METHODS:

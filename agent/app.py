@@ -134,9 +134,10 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
     from a2a.server.routes import create_jsonrpc_routes
     from a2a.server.tasks import DatabaseTaskStore
 
-    from .a2a_executor import PaywireExecutor
+    from .a2a_executor import OwnerContextBuilder, PaywireExecutor, task_owner
 
-    store = DatabaseTaskStore(engine)  # table "tasks"; a custom name breaks a 2nd store per process
+    # Table "tasks" (a custom name breaks a second store in one process); owner = payer wallet.
+    store = DatabaseTaskStore(engine, owner_resolver=task_owner)
     handler = DefaultRequestHandler(
         agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a",
                                        settings.a2a_payment_timeout_seconds),
@@ -144,8 +145,9 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
         agent_card=card,
         interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),
     )
-    routes = [*create_jsonrpc_routes(handler, "/a2a", enable_v0_3_compat=True),
-              *create_jsonrpc_routes(handler, "/a2a/", enable_v0_3_compat=True)]
+    builder = OwnerContextBuilder()
+    routes = [*create_jsonrpc_routes(handler, "/a2a", builder, enable_v0_3_compat=True),
+              *create_jsonrpc_routes(handler, "/a2a/", builder, enable_v0_3_compat=True)]
     return routes, (store, handler)
 
 

@@ -94,7 +94,8 @@ def _result_json(task: Task) -> dict[str, Any]:
     """The exact REST body: the artifact's application/json text part."""
     for artifact in task.artifacts:
         for part in artifact.parts:
-            if part.WhichOneof("content") == "text" and part.media_type == "application/json":
+            # (the 0.3 wire, used after discovery through agent.json, has no part media type)
+            if part.WhichOneof("content") == "text" and part.text.startswith("{"):
                 return json.loads(part.text)
     raise AssertionError(f"no JSON result in {task.artifacts}")
 

@@ -1,0 +1,146 @@
+"""A2A tasks: owned by the wallet that paid (read back with a SIWX proof), persisted in the
+database across restarts, and a task waiting for payment expires."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from eth_account import Account
+from x402.schemas import PaymentRequired
+
+from agent.a2a_messages import X402_EXTENSION
+from payments.codec import decode_base64_any
+from payments.devnet.keys import DevnetKeys
+from tests.support.identity import siwx_header
+from tests.support.live_server import LiveServer, start_server
+from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
+
+INPUT = {"text": "Whose task is this?", "model": "gpt-4o"}
+EXT = {"A2A-Extensions": X402_EXTENSION}
+
+
+def _send(server: LiveServer, headers: dict[str, str] | None = None, **message: Any) -> httpx.Response:
+    msg = {"role": "user", "messageId": str(uuid.uuid4()),
+           "parts": [{"kind": "data", "data": {"skill": "token-count-508", "input": INPUT}}],
+           **message}
+    return httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send",
+                                                 "params": {"message": msg}}, headers=headers or {})
+
+
+def _get(server: LiveServer, task_id: str, headers: dict[str, str] | None = None) -> httpx.Response:
+    return httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 2, "method": "tasks/get",
+                                                 "params": {"id": task_id}}, headers=headers or {})
+
+
+def _paid_over_http(server: LiveServer, network: str) -> dict[str, Any]:
+    keys = server.devnet.keys
+    quote = _send(server)
+    assert quote.status_code == 402
+    required = PaymentRequired.model_validate(json.loads(decode_base64_any(
+        quote.headers["PAYMENT-REQUIRED"])))
+    payer = client_for(server.url, evm_key=keys.evm_payer, sol_key=keys.sol_payer)
+    paid = _send(server, {"PAYMENT-SIGNATURE": header(sign(payer, required, network))})
+    assert paid.status_code == 200, paid.text
+    return paid.json()["result"]
+
+
+@pytest.mark.parametrize("network", [EVM_NET, SOL_NET])
+def test_a_paid_task_is_readable_only_by_its_payer(server: LiveServer, network: str) -> None:
+    task = _paid_over_http(server, network)
+    assert task["status"]["state"] == "completed"
+    keys = server.devnet.keys
+    anonymous = _get(server, task["id"]).json()
+    assert anonymous["error"]["code"] == -32001  # task ids alone are not a secret
+    stranger = _get(server, task["id"], {"SIGN-IN-WITH-X": siwx_header(
+        server.url, evm_key="0x" + Account.create().key.hex().removeprefix("0x"))}).json()
+    assert stranger["error"]["code"] == -32001
+    proof = (siwx_header(server.url, evm_key=keys.evm_payer) if network == EVM_NET
+             else siwx_header(server.url, sol_keypair=DevnetKeys.sol_keypair(keys.sol_payer)))
+    mine = _get(server, task["id"], {"SIGN-IN-WITH-X": proof}).json()
+    assert mine["result"]["id"] == task["id"]
+    assert mine["result"]["status"]["state"] == "completed"
+    assert mine["result"]["artifacts"]
+
+
+def test_an_in_band_paid_task_belongs_to_the_payer(server: LiveServer) -> None:
+    keys = server.devnet.keys
+    pending = _send(server, EXT).json()["result"]
+    assert pending["status"]["state"] == "input-required"
+    assert _get(server, pending["id"]).json()["result"]["id"] == pending["id"]  # unpaid: open
+    required = PaymentRequired.model_validate(
+        pending["status"]["message"]["metadata"]["x402.payment.required"])
+    payload = sign(client_for(server.url, evm_key=keys.evm_payer), required, EVM_NET)
+    done = _send(server, EXT, taskId=pending["id"], contextId=pending["contextId"],
+                 parts=[{"kind": "text", "text": "paid"}],
+                 metadata={"x402.payment.status": "payment-submitted",
+                           "x402.payment.payload": payload.model_dump(by_alias=True,
+                                                                      exclude_none=True)}
+                 ).json()["result"]
+    assert done["status"]["state"] == "completed"
+    assert _get(server, pending["id"]).json()["error"]["code"] == -32001
+    mine = _get(server, pending["id"], {"SIGN-IN-WITH-X": siwx_header(
+        server.url, evm_key=keys.evm_payer)}).json()
+    assert mine["result"]["status"]["state"] == "completed"
+
+
+@pytest.mark.parametrize("case", ["tampered", "other-origin", "garbage"])
+def test_a_bad_wallet_proof_is_refused_with_401(server: LiveServer, case: str) -> None:
+    key = "0x" + Account.create().key.hex().removeprefix("0x")
+    if case == "tampered":
+        raw = json.loads(decode_base64_any(siwx_header(server.url, evm_key=key)))
+        raw["address"] = Account.create().address
+        from payments.codec import encode_json_b64
+
+        value = encode_json_b64(raw)
+    elif case == "other-origin":
+        value = siwx_header(server.url, evm_key=key, origin="https://elsewhere.example")
+    else:
+        value = "!!!"
+    r = _get(server, str(uuid.uuid4()), {"SIGN-IN-WITH-X": value})
+    assert r.status_code == 401
+    assert "SIGN-IN-WITH-X" in r.json()["error"]["message"]
+
+
+def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "pw"
+    first = start_server(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"})
+    try:
+        pending = _send(first, EXT).json()["result"]
+        required = PaymentRequired.model_validate(
+            pending["status"]["message"]["metadata"]["x402.payment.required"])
+    finally:
+        first.stop()
+    # The quote is now 20 minutes old (set in the database, rather than waited for).
+    db = first.runtime.settings.db_url.split("///", 1)[1]
+    con = sqlite3.connect(db)
+    status = json.loads(con.execute("SELECT status FROM tasks WHERE id = ?",
+                                    (pending["id"],)).fetchone()[0])
+    status["timestamp"] = "2000-01-01T00:00:00Z"
+    con.execute("UPDATE tasks SET status = ? WHERE id = ?", (json.dumps(status), pending["id"]))
+    con.commit()
+    con.close()
+
+    second = start_server(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"})
+    try:
+        again = _get(second, pending["id"]).json()["result"]
+        assert again["id"] == pending["id"] and again["status"]["state"] == "input-required"
+        keys = second.devnet.keys
+        payload = sign(client_for(second.url, evm_key=keys.evm_payer), required, EVM_NET)
+        before = second.devnet.merchant_balances().evm
+        late = _send(second, EXT, taskId=pending["id"], contextId=pending["contextId"],
+                     parts=[{"kind": "text", "text": "paid"}],
+                     metadata={"x402.payment.status": "payment-submitted",
+                               "x402.payment.payload": payload.model_dump(by_alias=True,
+                                                                          exclude_none=True)}
+                     ).json()["result"]
+        assert late["status"]["state"] == "failed"
+        assert late["status"]["message"]["metadata"]["x402.payment.error"] == "payment_window_expired"
+        assert second.devnet.merchant_balances().evm == before
+    finally:
+        second.stop()
