@@ -144,3 +144,26 @@ def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -
         assert second.devnet.merchant_balances().evm == before
     finally:
         second.stop()
+
+
+def _call(server: LiveServer, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 9, "method": method,
+                                              "params": params})
+    assert r.status_code == 200 and "PAYMENT-REQUIRED" not in r.headers
+    return r.json()
+
+
+def test_free_methods_never_ask_for_payment_and_unsupported_ones_say_so(server: LiveServer) -> None:
+    pending = _send(server, EXT).json()["result"]
+    listed = _call(server, "ListTasks", {})["result"]["tasks"]
+    assert pending["id"] in {t["id"] for t in listed}
+    push = _call(server, "tasks/pushNotificationConfig/set", {
+        "taskId": pending["id"], "pushNotificationConfig": {"url": "https://example.com/hook"}})
+    assert push["error"]["code"] == -32003
+    canceled = _call(server, "tasks/cancel", {"id": pending["id"]})["result"]
+    assert canceled["status"]["state"] == "canceled"
+    with httpx.stream("POST", f"{server.url}/a2a", json={
+            "jsonrpc": "2.0", "id": 3, "method": "tasks/resubscribe",
+            "params": {"id": pending["id"]}}) as stream:
+        first = next(line for line in stream.iter_lines() if line.startswith("data:"))
+    assert json.loads(first.removeprefix("data:"))["error"]["code"] == -32004  # terminal task
