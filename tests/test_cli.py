@@ -154,3 +154,14 @@ def test_skills_check_explains_each_problem(tmp_path: Path) -> None:
     for needle in ("missing field 'name'", "field 'id'", "decimal string", "field 'categories'",
                    "field 'kind'"):
         assert needle in out.stdout
+
+
+def test_paywire_pay_pays_for_an_a2a_call(served: Served) -> None:
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+        "role": "user", "messageId": "cli-1", "parts": [{"kind": "data", "data": {
+            "skill": "token-count-508", "input": {"text": "over A2A", "model": "gpt-4o"}}}]}}}
+    out = _pay(served, f"{served.url}/a2a", "--data", json.dumps(rpc), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["result"]["result"]["status"]["state"] == "completed"
+    assert doc["receipt"]["success"] is True and doc["paid_usd"] == "0.00575"
