@@ -38,6 +38,16 @@ def _get(server: LiveServer, task_id: str, headers: dict[str, str] | None = None
                                                  "params": {"id": task_id}}, headers=headers or {})
 
 
+def _submit(server: LiveServer, pending: dict[str, Any], payload: Any) -> dict[str, Any]:
+    """The in-band answer to an input-required task: the signed payment in message metadata."""
+    return _send(server, EXT, taskId=pending["id"], contextId=pending["contextId"],
+                 parts=[{"kind": "text", "text": "paid"}],
+                 metadata={"x402.payment.status": "payment-submitted",
+                           "x402.payment.payload": payload.model_dump(by_alias=True,
+                                                                      exclude_none=True)}
+                 ).json()["result"]
+
+
 def _paid_over_http(server: LiveServer, network: str) -> dict[str, Any]:
     keys = server.devnet.keys
     quote = _send(server)
@@ -76,12 +86,7 @@ def test_an_in_band_paid_task_belongs_to_the_payer(server: LiveServer) -> None:
     required = PaymentRequired.model_validate(
         pending["status"]["message"]["metadata"]["x402.payment.required"])
     payload = sign(client_for(server.url, evm_key=keys.evm_payer), required, EVM_NET)
-    done = _send(server, EXT, taskId=pending["id"], contextId=pending["contextId"],
-                 parts=[{"kind": "text", "text": "paid"}],
-                 metadata={"x402.payment.status": "payment-submitted",
-                           "x402.payment.payload": payload.model_dump(by_alias=True,
-                                                                      exclude_none=True)}
-                 ).json()["result"]
+    done = _submit(server, pending, payload)
     assert done["status"]["state"] == "completed"
     assert _get(server, pending["id"]).json()["error"]["code"] == -32001
     mine = _get(server, pending["id"], {"SIGN-IN-WITH-X": siwx_header(
@@ -133,12 +138,7 @@ def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -
         keys = second.devnet.keys
         payload = sign(client_for(second.url, evm_key=keys.evm_payer), required, EVM_NET)
         before = second.devnet.merchant_balances().evm
-        late = _send(second, EXT, taskId=pending["id"], contextId=pending["contextId"],
-                     parts=[{"kind": "text", "text": "paid"}],
-                     metadata={"x402.payment.status": "payment-submitted",
-                               "x402.payment.payload": payload.model_dump(by_alias=True,
-                                                                          exclude_none=True)}
-                     ).json()["result"]
+        late = _submit(second, pending, payload)
         assert late["status"]["state"] == "failed"
         assert late["status"]["message"]["metadata"]["x402.payment.error"] == "payment_window_expired"
         assert second.devnet.merchant_balances().evm == before

@@ -32,6 +32,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:
+    """Poll /health with a deadline until the server answers (or the process died)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("paywire serve did not start")
+        time.sleep(0.05)  # polling readiness with a deadline
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     port = _free_port()
@@ -41,17 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"paywire serve did not start: {proc.stderr.read() if proc.stderr else ''}")
-        time.sleep(0.05)  # polling readiness with a deadline
+    _wait_healthy(url, proc)
     yield Served(url, env, proc)
     proc.terminate()
     try:
@@ -78,14 +83,7 @@ def test_serve_prints_the_devnet_banner_with_demo_payer_addresses(served: Served
     served.proc = subprocess.Popen([*PAYWIRE, "serve", "--port", port, "--log-level", "warning"],
                                    env=served.env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{served.url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline and served.proc.poll() is None
-        time.sleep(0.05)
+    _wait_healthy(served.url, served.proc)
 
 
 @pytest.mark.parametrize("network", ["evm", "solana"])
