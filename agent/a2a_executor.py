@@ -153,7 +153,7 @@ class PaywireExecutor(AgentExecutor):
         payment = read_payment_header(headers)
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
-            stream=True))
+            stream=True, operation=call.operation))
         await self._finish(updater, outcome, context, paid_attempt=payment is not None)
 
     async def _pay_pending(self, context: RequestContext, event_queue: EventQueue, task: Task,
@@ -185,7 +185,8 @@ class PaywireExecutor(AgentExecutor):
         header = "PAYMENT-SIGNATURE" if payload.get("x402Version") == 2 else "X-PAYMENT"
         outcome = await self.gateway.call(CallRequest(
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
-            payment=(header, encode_json_b64(payload)), stream=True))
+            payment=(header, encode_json_b64(payload)), stream=True,
+            operation=request.get("operation")))
         await self._finish(updater, outcome, context, paid_attempt=True)
 
     async def _finish(self, updater: TaskUpdater, outcome: Outcome, context: RequestContext, *,

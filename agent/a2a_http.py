@@ -118,7 +118,8 @@ class A2AHttpLayer:
         skill = self.gateway.registry.get(call.skill_id)
         if skill is None:
             return None
-        outcome = await self.gateway.call(CallRequest(call.skill_id, call.input, self.rpc_url))
+        outcome = await self.gateway.call(CallRequest(call.skill_id, call.input, self.rpc_url,
+                                                      operation=call.operation))
         return outcome if isinstance(outcome, PaymentDemanded) else None
 
 

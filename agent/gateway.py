@@ -24,7 +24,7 @@ from payments.money import usd_to_atomic
 from payments.processor import Matched, PaymentProcessor, payment_key
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
 from skills.registry import SkillRegistry
-from skills.skill import Skill, SkillResult
+from skills.skill import Operation, Skill, SkillResult
 
 from .timing import Timings
 
@@ -38,6 +38,7 @@ class CallRequest:
     resource_url: str
     payment: tuple[str, str] | None = None  # (header name, header value)
     stream: bool = False  # the caller takes chunks as they come, when the skill streams
+    operation: str | None = None  # a model's endpoint (chat.completions...); None: the default
 
 
 @dataclass
@@ -92,9 +93,6 @@ class Gateway:
         self.processor = processor
         self.ledger = ledger
 
-    def price_atomic(self, skill: Skill, payload: dict[str, Any]) -> int:
-        return usd_to_atomic(Decimal(skill.price(payload)))
-
     def resource_info(self, skill: Skill, url: str) -> ResourceInfo:
         return ResourceInfo(url=url, description=skill.description, mime_type="application/json")
 
@@ -111,15 +109,18 @@ class Gateway:
         payload = req.payload or {}
         probe = not payload and req.payment is None
         with t.stage("quote"):
-            if not probe:
-                try:
-                    skill.validate(payload)
-                except SkillInputError as exc:
-                    return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
-            atomic = self.price_atomic(skill, payload)
+            try:
+                op = skill.operation(req.operation)
+                if not probe:
+                    skill.validate(payload, req.operation)
+                atomic = usd_to_atomic(Decimal(op.pricer(payload)))
+            except SkillInputError as exc:
+                return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+            except UpstreamError as exc:  # e.g. no provider configured: refused before a quote
+                return Refused(t, exc.status, "skill_unavailable", exc.message)
             resource = self.resource_info(skill, req.resource_url)
         if atomic == 0:
-            return await self._run_free(t, skill, payload)
+            return await self._run_free(t, op, payload)
         requirements = self.processor.requirements(atomic)
 
         def demand(reason: str | None = None, message: str | None = None,
@@ -170,16 +171,16 @@ class Gateway:
                 return demand("payment_already_used",
                               "this payment was already used; sign a new payment for this call")
 
-        streaming = req.stream and skill.streamer is not None
+        streaming = req.stream and op.streamer is not None
         with t.stage("run"):
             try:
                 if streaming:
-                    assert skill.streamer is not None
-                    chunks = skill.streamer(payload)
+                    assert op.streamer is not None
+                    chunks = op.streamer(payload)
                     first = await _first(chunks)
                     result = SkillResult(body=None, media_type="text/event-stream")
                 else:
-                    result = await skill.run(payload)
+                    result = await op.run(payload)
             except Exception as exc:
                 return await self._run_failed(t, skill, row_id, exc)
         if streaming:
@@ -266,10 +267,10 @@ class Gateway:
             )
         return Delivered(t, result, receipt, atomic)
 
-    async def _run_free(self, t: Timings, skill: Skill, payload: dict[str, Any]) -> Outcome:
+    async def _run_free(self, t: Timings, op: Operation, payload: dict[str, Any]) -> Outcome:
         with t.stage("run"):
             try:
-                return Delivered(t, await skill.run(payload))
+                return Delivered(t, await op.run(payload))
             except SkillInputError as exc:
                 return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
 

@@ -33,6 +33,17 @@ Pricer = Callable[[Payload], Decimal]
 
 
 @dataclass
+class Operation:
+    """One endpoint of a skill (a model's chat.completions, embeddings...); its own rules."""
+
+    name: str
+    run: Runner
+    pricer: Pricer
+    validator: Validator | None = None
+    streamer: Streamer | None = None
+
+
+@dataclass
 class Skill:
     """One priced skill. The pipeline validates, prices, then runs it; it never sees HTTP."""
 
@@ -52,27 +63,49 @@ class Skill:
     source: str = ""
     # Streaming skills yield chunks (text, or JSON objects such as chat.completion.chunk).
     streamer: Streamer | None = None
+    # Skills with several endpoints (models) list them; the first is the default.
+    operations: dict[str, Operation] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.price_usd is None and self.pricer is None:
+        if self.price_usd is None and self.pricer is None and not self.operations:
             raise ValueError(f"skill {self.id!r} has neither a fixed price nor a pricer")
         self._schema = Draft202012Validator(self.input_schema)
 
-    def validate(self, payload: Payload) -> None:
+    def operation(self, name: str | None = None) -> Operation:
+        """The endpoint a call runs: named, or the skill's default. SkillInputError if unknown."""
+        if not self.operations:
+            if name not in (None, "", "default"):
+                raise SkillInputError(
+                    f"skill '{self.id}' has a single operation; leave 'operation' out", "operation")
+            return Operation("default", self.run, self._own_price, self.validator, self.streamer)
+        if name in (None, ""):
+            return next(iter(self.operations.values()))
+        try:
+            return self.operations[name]
+        except KeyError:
+            raise SkillInputError(
+                f"'{self.id}' does not support operation '{name}'; it supports: "
+                f"{', '.join(self.operations)}", "operation") from None
+
+    def _own_price(self, payload: Payload) -> Decimal:
+        if self.pricer is not None:
+            return self.pricer(payload)
+        assert self.price_usd is not None
+        return self.price_usd
+
+    def validate(self, payload: Payload, operation: str | None = None) -> None:
         """Raise SkillInputError naming the field when the payload cannot run."""
         error = best_match(self._schema.iter_errors(payload))
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or None
             raise SkillInputError(_schema_message(error, where), field=where)
-        if self.validator is not None:
-            self.validator(payload)
+        op = self.operation(operation)
+        if op.validator is not None:
+            op.validator(payload)
 
-    def price(self, payload: Payload) -> Decimal:
+    def price(self, payload: Payload, operation: str | None = None) -> Decimal:
         """The USD price of this call: fixed for resources, computed for models."""
-        if self.pricer is not None:
-            return self.pricer(payload)
-        assert self.price_usd is not None
-        return self.price_usd
+        return self.operation(operation).pricer(payload)
 
 
 def _schema_message(error: Any, where: str | None) -> str:
