@@ -1,0 +1,125 @@
+"""Chat (and the chat-shaped legacy routes): validation, quote, and the call itself.
+
+The quote is estimated input tokens (the token-count-508 estimator) x input price plus
+`max_tokens` (or the model's default) x output price, rounded up by the pipeline; below the
+route's minimum it is the minimum, above its maximum the request is refused with how to bring it
+under. Identical requests get identical quotes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from decimal import ROUND_FLOOR, Decimal
+from typing import Any
+
+from ..errors import SkillInputError, UpstreamError
+from ..skill import Operation, SkillResult
+from ..tokens import estimate_messages
+from .upstream import Target, UpstreamClient
+
+ROLES = ("system", "user", "assistant")
+MIN_USD = Decimal("0.0001")
+MAX_USD = Decimal("0.50")
+MILLION = Decimal(1_000_000)
+
+Targets = Callable[[], Sequence[Target]]
+
+
+def validate_chat(body: dict[str, Any], spec: Any) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise SkillInputError("'messages' must be a non-empty list of {role, content}", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise SkillInputError(f"messages[{i}] must be an object {{role, content}}", f"messages.{i}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise SkillInputError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                                  f"messages.{i}.role")
+        if not isinstance(message.get("content"), str):
+            raise SkillInputError(f"messages[{i}].content must be a string", f"messages.{i}.content")
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
+                                   or not 1 <= max_tokens <= spec.max_output_tokens):
+        raise SkillInputError(f"'max_tokens' must be a whole number from 1 to "
+                              f"{spec.max_output_tokens} for {spec.id}", "max_tokens")
+    temperature = body.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool)
+                                    or not isinstance(temperature, int | float)
+                                    or not 0 <= temperature <= 2):
+        raise SkillInputError("'temperature' must be a number from 0 to 2", "temperature")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise SkillInputError("'stream' must be true or false", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise SkillInputError("'stream_options' must be an object", "stream_options")
+
+
+def output_budget(body: dict[str, Any], spec: Any) -> int:
+    value = body.get("max_tokens", body.get("max_completion_tokens"))
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else spec.default_max_tokens
+
+
+def chat_price(body: dict[str, Any], spec: Any) -> Decimal:
+    prices = spec.prices
+    input_tokens = estimate_messages(body.get("messages") or [], spec.id).tokens
+    out_tokens = output_budget(body, spec)
+    usd = (Decimal(input_tokens) * prices.input_per_mtok
+           + Decimal(out_tokens) * prices.output_per_mtok) / MILLION
+    if usd > MAX_USD:
+        per_token = prices.output_per_mtok / MILLION
+        room = (MAX_USD - Decimal(input_tokens) * prices.input_per_mtok / MILLION) / per_token
+        fit = int(room.to_integral_value(rounding=ROUND_FLOOR)) if per_token else 0
+        hint = (f"lower max_tokens to {fit} or less" if fit >= 1
+                else "shorten the messages")
+        raise SkillInputError(f"this request would cost ${usd:.6f}, above the ${MAX_USD} maximum of "
+                              f"this route; {hint}", "max_tokens")
+    return max(usd, MIN_USD)
+
+
+def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    """The chat.completions endpoint of one model, on its upstreams in preference order."""
+
+    def validate(body: dict[str, Any]) -> None:
+        validate_chat(body, spec)
+
+    def price(body: dict[str, Any]) -> Decimal:
+        _require(targets, spec)
+        return chat_price(body, spec)
+
+    async def run(body: dict[str, Any]) -> SkillResult:
+        upstream_body = {**body, "stream": False}
+        answer, target, _ = await client.request(_require(targets, spec), "/chat/completions",
+                                                 json_body=upstream_body)
+        if not isinstance(answer, dict) or "choices" not in answer:
+            raise UpstreamError("the model provider answered without choices", 502)
+        answer["model"] = spec.id
+        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
+        return SkillResult(body=answer, usage=_usage(usage, target),
+                           upstream_cost_usd=_cost(usage, spec))
+
+    async def stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        async for event in client.stream(_require(targets, spec), "/chat/completions",
+                                         {**body, "stream": True}):
+            if "model" in event:
+                event["model"] = spec.id
+            yield event
+
+    return Operation("chat.completions", run, price, validate, stream)
+
+
+def _require(targets: Targets, spec: Any) -> Sequence[Target]:
+    """The model's usable upstreams; `targets` raises UpstreamError(503) naming what enables it."""
+    return targets()
+
+
+def _usage(usage: dict[str, Any] | None, target: Target) -> dict[str, Any]:
+    return {"provider": target.provider, "upstream_model": target.model, **(usage or {})}
+
+
+def _cost(usage: dict[str, Any] | None, spec: Any) -> Decimal | None:
+    if not usage:
+        return None
+    prices = spec.prices
+    return (Decimal(int(usage.get("prompt_tokens", 0))) * prices.input_per_mtok
+            + Decimal(int(usage.get("completion_tokens", 0))) * prices.output_per_mtok) / MILLION
