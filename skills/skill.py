@@ -65,6 +65,8 @@ class Skill:
     streamer: Streamer | None = None
     # Skills with several endpoints (models) list them; the first is the default.
     operations: dict[str, Operation] = field(default_factory=dict)
+    # Listing facts for the faces (a model's family, prices, context window, availability).
+    info: Callable[[], dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.price_usd is None and self.pricer is None and not self.operations:
