@@ -1,0 +1,317 @@
+"""The model table: enough sellable models, every one priced, genai-prices first, strict validation."""
+
+from __future__ import annotations
+
+import copy
+import json
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from genai_prices import Usage, calc_price
+
+from skills.models.catalog import (
+    OPERATIONS,
+    TOKEN_OPERATIONS,
+    Catalog,
+    ModelSpec,
+    load_catalog,
+)
+
+MILLION = Decimal(1_000_000)
+CHAT_ROUTE_MAX_USD = Decimal("0.50")
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+def genai(provider: str, model: str) -> Any:
+    return calc_price(Usage(), model, provider_id=provider).model_price
+
+
+def write(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def base_document() -> dict[str, Any]:
+    """A tiny valid table: one cloud provider, one keyless local one."""
+    return {
+        "providers": {
+            "openai": {"kind": "openai", "base_url": "https://api.openai.com/v1",
+                       "api_key_env": "OPENAI_API_KEY", "base_url_env": "OPENAI_BASE_URL",
+                       "key_required": True, "genai_prices_provider": "openai"},
+            "local": {"kind": "openai", "base_url": "http://127.0.0.1:11434/v1", "api_key_env": None,
+                      "base_url_env": "LOCAL_LLM_BASE_URL", "key_required": False},
+        },
+        "models": [
+            {"id": "m-chat", "name": "Chat", "family": "local", "operations": ["chat.completions"],
+             "context_window": 8192, "default_max_tokens": 512, "max_output_tokens": 4096,
+             "upstreams": [{"provider": "local", "model": "llama3.2"}],
+             "prices": {"input_per_mtok": "0.50", "output_per_mtok": "1.50"}},
+        ],
+    }
+
+
+# --- the shipped table ---------------------------------------------------------------------------------
+
+
+def test_at_least_80_sellable_models_across_10_providers(catalog: Catalog) -> None:
+    assert catalog.warnings == []
+    assert len(catalog.models) >= 80
+    providers = {u.provider for m in catalog.models.values() for u in m.upstreams}
+    assert len(providers) >= 10, providers
+    assert {"openai", "anthropic", "gemini", "groq", "together", "deepseek", "mistral", "xai", "fireworks",
+            "openrouter", "elevenlabs", "local"} <= providers
+    ops = {op for m in catalog.models.values() for op in m.operations}
+    assert ops == OPERATIONS
+
+
+def test_every_sellable_model_is_priced_above_zero_for_each_operation(catalog: Catalog) -> None:
+    for model in catalog.models.values():
+        for op in model.operations:
+            assert model.price_for(op), (model.id, op)
+        assert not model.price_for("not-an-operation")
+
+
+def test_token_models_have_limits_and_a_default_quote_under_the_route_maximum(catalog: Catalog) -> None:
+    for model in catalog.models.values():
+        if not set(model.operations) & TOKEN_OPERATIONS:
+            continue
+        assert model.context_window and model.default_max_tokens and model.max_output_tokens, model.id
+        assert model.default_max_tokens <= model.max_output_tokens <= model.context_window, model.id
+        assert model.prices.output_per_mtok is not None
+        # max_tokens left unset must still be sellable: the output part alone stays under $0.50.
+        default_quote = model.default_max_tokens * model.prices.output_per_mtok / MILLION
+        assert default_quote < CHAT_ROUTE_MAX_USD, model.id
+
+
+def test_prices_are_decimals_in_the_data_file() -> None:
+    document = json.loads((Path(__file__).parent.parent / "skills/models/models.json").read_text())
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}.{key}")
+        else:
+            assert isinstance(value, str), where
+            Decimal(value)
+
+    for model in document["models"]:
+        prices = {k: v for k, v in model.get("prices", {}).items() if k != "image_defaults"}
+        walk(prices, model["id"])
+
+
+def test_genai_prices_win_where_it_knows_the_model(catalog: Catalog) -> None:
+    mini = catalog.models["gpt-4o-mini"].prices
+    assert mini.source == "genai-prices"
+    assert (mini.input_per_mtok, mini.output_per_mtok) == (genai("openai", "gpt-4o-mini").input_mtok,
+                                                           genai("openai", "gpt-4o-mini").output_mtok)
+    haiku = catalog.models["claude-haiku-4-5"].prices
+    assert haiku.input_per_mtok == genai("anthropic", "claude-haiku-4-5").input_mtok
+    assert catalog.models["text-embedding-3-small"].prices.input_per_mtok == genai(
+        "openai", "text-embedding-3-small").input_mtok
+    assert catalog.models["tts-1"].prices.per_mchars == genai("openai", "tts-1").input_mchars
+    assert catalog.models["whisper-1"].prices.per_minute == genai("openai", "whisper-1").audio_hours / 60
+    # what genai-prices cannot express per call (per image, per second) comes from the table
+    assert catalog.models["dall-e-3"].prices.source == "table"
+    assert catalog.models["elevenlabs/sound-effects"].prices.per_second == Decimal("0.002")
+
+
+def test_tiered_prices_follow_the_prompt_size(catalog: Catalog) -> None:
+    pro = catalog.models["gemini-2.5-pro"].prices
+    tiered = genai("google", "gemini-2.5-pro")
+    assert pro.input_per_mtok == tiered.input_mtok.base
+    assert pro.token_prices(1_000) == (tiered.input_mtok.base, tiered.output_mtok.base)
+    over = tiered.input_mtok.tiers[-1].start + 1
+    assert pro.token_prices(over) == (tiered.input_mtok.tiers[-1].price, tiered.output_mtok.tiers[-1].price)
+
+
+def test_image_prices_by_size_and_quality(catalog: Catalog) -> None:
+    dalle3 = catalog.models["dall-e-3"].prices
+    assert dalle3.image_price() == Decimal("0.040")  # OpenAI's defaults: 1024x1024, standard
+    assert dalle3.image_price("1792x1024", "hd") == Decimal("0.120")
+    assert dalle3.image_price("640x480") is None
+    image1 = catalog.models["gpt-image-1"].prices
+    assert image1.image_price() == Decimal("0.25")  # 'auto' is quoted at the dearest
+    assert image1.image_price("1024x1024", "auto") == Decimal("0.167")
+    assert image1.image_price("1024x1024", "low") == Decimal("0.011")
+    assert catalog.models["dall-e-2"].prices.image_price("256x256") == Decimal("0.016")
+
+
+def test_without_genai_prices_the_table_prices_everything() -> None:
+    table = load_catalog(use_genai_prices=False)
+    assert len(table.models) >= 80
+    assert {m.prices.source for m in table.models.values()} == {"table"}
+    assert table.models["gpt-4o-mini"].prices.input_per_mtok == Decimal("0.15")
+
+
+def test_margin_multiplies_every_price(catalog: Catalog) -> None:
+    marked = load_catalog(margin=Decimal("0.1"))
+    factor = Decimal("1.1")
+    for model_id, model in catalog.models.items():
+        plain, up = model.prices, marked.models[model_id].prices
+        for name in ("input_per_mtok", "output_per_mtok", "per_mchars", "per_minute", "per_call",
+                     "per_second"):
+            value = getattr(plain, name)
+            assert getattr(up, name) == (None if value is None else value * factor), (model_id, name)
+        assert up.per_image == {k: v * factor for k, v in plain.per_image.items()}
+        assert up.input_tiers == tuple((t, p * factor) for t, p in plain.input_tiers)
+    assert marked.models["gpt-4o-mini"].prices.input_per_mtok == Decimal("0.165")
+    with pytest.raises(TypeError):
+        load_catalog(margin=0.1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="margin"):
+        load_catalog(margin=Decimal("-0.5"))
+
+
+def test_dearest_upstream_sets_the_price(tmp_path: Path) -> None:
+    doc = base_document()
+    model = doc["models"][0]
+    model["upstreams"] = [{"provider": "openai", "model": "gpt-4o-mini"}, {"provider": "local", "model": "x"}]
+    # the local upstream is unknown to genai-prices: the table's price stands for it when dearer
+    model["prices"] = {"input_per_mtok": "0.01", "output_per_mtok": "9"}
+    priced = load_catalog(write(tmp_path, doc)).models["m-chat"].prices
+    assert priced.input_per_mtok == genai("openai", "gpt-4o-mini").input_mtok
+    assert priced.output_per_mtok == Decimal("9")
+    assert priced.source == "genai-prices"
+
+
+# --- models that cannot be priced are not sold --------------------------------------------------------
+
+
+def test_a_model_without_a_price_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    doc = base_document()
+    doc["models"] += [
+        {"id": "no-output-price", "name": "X", "family": "local", "operations": ["chat.completions"],
+         "context_window": 8192, "default_max_tokens": 512, "max_output_tokens": 4096,
+         "upstreams": [{"provider": "local", "model": "x"}], "prices": {"input_per_mtok": "0.10"}},
+        {"id": "zero-priced", "name": "Z", "family": "local", "operations": ["embeddings"],
+         "context_window": 512,
+         "upstreams": [{"provider": "local", "model": "z"}], "prices": {"input_per_mtok": "0"}},
+        {"id": "no-image-price", "name": "I", "family": "local", "operations": ["images.generations"],
+         "upstreams": [{"provider": "local", "model": "i"}]},
+        # neither genai-prices nor the table has a price: not sold
+        {"id": "unknown-to-all", "name": "U", "family": "openai", "operations": ["audio.speech"],
+         "upstreams": [{"provider": "openai", "model": "no-such-model-xyz"}]},
+    ]
+    loaded = load_catalog(write(tmp_path, doc))
+    assert list(loaded.models) == ["m-chat"]
+    assert len(loaded.warnings) == 4
+    for model_id, needs in (("no-output-price", "output_per_mtok"), ("zero-priced", "input_per_mtok"),
+                            ("no-image-price", "per_image"), ("unknown-to-all", "per_mchars")):
+        assert any(model_id in w and needs in w for w in loaded.warnings), (model_id, loaded.warnings)
+
+
+# --- providers -----------------------------------------------------------------------------------------
+
+
+def test_availability_names_the_variables_that_would_enable_a_model(catalog: Catalog) -> None:
+    assert catalog.available("gpt-4o-mini", {}) == (False, ["OPENAI_API_KEY", "OPENROUTER_API_KEY"])
+    assert catalog.available("gpt-4o-mini", {"OPENAI_API_KEY": "  "}) == (False, ["OPENAI_API_KEY",
+                                                                                  "OPENROUTER_API_KEY"])
+    assert catalog.available("gpt-4o-mini", {"OPENROUTER_API_KEY": "sk-or"}) == (True, [])
+    assert catalog.available("claude-sonnet-4-5", {})[1] == ["ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"]
+    assert catalog.available("elevenlabs/sound-effects", {}) == (False, ["ELEVENLABS_API_KEY"])
+    assert catalog.available("local/llama3.2", {}) == (True, [])  # a local server needs no key
+    with pytest.raises(KeyError):
+        catalog.available("no-such-model", {})
+
+
+def test_provider_presets_and_base_url_override(catalog: Catalog) -> None:
+    p = catalog.providers
+    expected = {
+        "openai": ("https://api.openai.com/v1", "OPENAI_API_KEY"),
+        "openrouter": ("https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
+        "anthropic": ("https://api.anthropic.com/v1", "ANTHROPIC_API_KEY"),
+        "gemini": ("https://generativelanguage.googleapis.com/v1beta/openai", "GEMINI_API_KEY"),
+        "groq": ("https://api.groq.com/openai/v1", "GROQ_API_KEY"),
+        "together": ("https://api.together.xyz/v1", "TOGETHER_API_KEY"),
+        "deepseek": ("https://api.deepseek.com/v1", "DEEPSEEK_API_KEY"),
+        "mistral": ("https://api.mistral.ai/v1", "MISTRAL_API_KEY"),
+        "xai": ("https://api.x.ai/v1", "XAI_API_KEY"),
+        "fireworks": ("https://api.fireworks.ai/inference/v1", "FIREWORKS_API_KEY"),
+        "elevenlabs": ("https://api.elevenlabs.io/v1", "ELEVENLABS_API_KEY"),
+    }
+    for key, (url, key_env) in expected.items():
+        assert (p[key].resolved_base_url({}), p[key].api_key_env, p[key].key_required) == (url, key_env, True)
+        assert p[key].kind == ("elevenlabs" if key == "elevenlabs" else "openai")
+    assert p["openai"].resolved_base_url({"OPENAI_BASE_URL": "http://127.0.0.1:9911/v1/"}) == (
+        "http://127.0.0.1:9911/v1")
+    assert p["openai"].api_key({"OPENAI_API_KEY": "sk-test"}) == "sk-test"
+    assert p["openai"].api_key({}) is None
+    local = p["local"]
+    assert (local.key_required, local.resolved_base_url({})) == (False, "http://127.0.0.1:11434/v1")
+    assert local.resolved_base_url({"LOCAL_LLM_BASE_URL": "http://127.0.0.1:8080/v1"}) == "http://127.0.0.1:8080/v1"
+
+
+# --- strict validation ---------------------------------------------------------------------------------
+
+
+def _set(path: str, value: Any) -> Any:
+    def mutate(doc: dict[str, Any]) -> None:
+        target: Any = doc["models"][0]
+        *parents, last = path.split(".")
+        for part in parents:
+            target = target[int(part)] if part.isdigit() else target[part]
+        target[last] = value
+    return mutate
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (_set("operations", ["chat.completions", "images.variations"]), "operations"),
+    (_set("upstreams", [{"provider": "nowhere", "model": "x"}]), "upstreams[0].provider"),
+    (_set("upstreams", []), "upstreams"),
+    (_set("prices.input_per_mtok", 0.5), "prices.input_per_mtok"),
+    (_set("prices.input_per_mtok", "cheap"), "prices.input_per_mtok"),
+    (_set("prices.output_per_mtok", "-1"), "prices.output_per_mtok"),
+    (_set("prices.per_image", {"1024x1024": "0.04"}), "prices.per_image"),
+    (_set("prices.per_token", "1"), "prices.per_token"),
+    (_set("default_max_tokens", 8192), "default_max_tokens"),
+    (_set("max_output_tokens", None), "max_output_tokens"),
+    (_set("context_window", "big"), "context_window"),
+    (_set("colour", "red"), "colour"),
+])
+def test_validation_errors_name_the_model_and_field(tmp_path: Path, mutate: Any, field: str) -> None:
+    doc = base_document()
+    mutate(doc)
+    with pytest.raises(ValueError) as error:
+        load_catalog(write(tmp_path, doc), use_genai_prices=False)
+    assert "m-chat" in str(error.value) and field in str(error.value), str(error.value)
+
+
+def test_validation_of_ids_providers_and_kinds(tmp_path: Path) -> None:
+    doc = base_document()
+    doc["models"].append(copy.deepcopy(doc["models"][0]))
+    with pytest.raises(ValueError, match="'m-chat' field 'id': duplicate"):
+        load_catalog(write(tmp_path, doc))
+
+    doc = base_document()
+    doc["providers"]["sfx"] = {"kind": "elevenlabs", "base_url": "https://api.elevenlabs.io/v1",
+                               "api_key_env": "ELEVENLABS_API_KEY", "base_url_env": "ELEVENLABS_BASE_URL"}
+    doc["models"][0]["upstreams"] = [{"provider": "sfx", "model": "eleven_text_to_sound_v2"}]
+    with pytest.raises(ValueError,
+                       match=r"'m-chat' field 'upstreams\[0\].provider'.*serves only audio.generations"):
+        load_catalog(write(tmp_path, doc))
+
+    doc = base_document()
+    doc["providers"]["openai"]["base_url"] = "api.openai.com"
+    with pytest.raises(ValueError, match="provider 'openai' field 'base_url'"):
+        load_catalog(write(tmp_path, doc))
+
+    doc = base_document()
+    del doc["providers"]["openai"]["api_key_env"]
+    with pytest.raises(ValueError, match="provider 'openai' field 'api_key_env'"):
+        load_catalog(write(tmp_path, doc))
+
+
+def test_model_spec_is_a_plain_value(catalog: Catalog) -> None:
+    spec = catalog.models["gpt-4o-mini"]
+    assert isinstance(spec, ModelSpec)
+    assert [(u.provider, u.model) for u in spec.upstreams] == [("openai", "gpt-4o-mini"),
+                                                               ("openrouter", "openai/gpt-4o-mini")]
+    assert spec.operations == ("chat.completions", "edits")
+    assert (spec.context_window, spec.max_output_tokens) == (128000, 16384)
