@@ -19,11 +19,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from compat import marketplace
+from compat import marketplace, openai_api
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
 from payments.ledger import Ledger
 from payments.processor import PaymentProcessor, PayTo
 from skills.help import make_help_skill
+from skills.models.catalog import load_catalog
+from skills.models.model_skills import build_model_skills
+from skills.models.upstream import UpstreamClient
 from skills.registry import SkillRegistry
 from skills.resource_files import BUILTIN_DIR, load_resource_dirs
 from wellknown import agent_card
@@ -94,9 +97,15 @@ def make_engine(url: str) -> AsyncEngine:
     return create_async_engine(url, pool_pre_ping=True)
 
 
-def build_registry(settings: Settings) -> SkillRegistry:
+def build_registry(settings: Settings, upstreams: UpstreamClient) -> SkillRegistry:
+    """Marketplace resources from their files, then every sellable model of the model table."""
     registry = SkillRegistry()
     load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs])
+    catalog = load_catalog(margin=settings.model_margin)
+    for warning in catalog.warnings:
+        log.warning("model table: %s", warning)
+    for skill in build_model_skills(catalog, upstreams, settings.environ):
+        registry.add(skill)
     return registry
 
 
@@ -160,7 +169,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         devnet = Devnet(load_or_create_keys(settings.data_dir))
     engine = make_engine(settings.db_url)
     ledger = Ledger(engine)
-    registry = build_registry(settings)
+    upstreams = UpstreamClient()
+    registry = build_registry(settings, upstreams)
     processor = build_payments(settings, devnet)
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     gateway = Gateway(registry, processor, ledger)
@@ -175,6 +185,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         await task_store.initialize()
         yield
         await a2a_handler.aclose()
+        await upstreams.aclose()
         await engine.dispose()
 
     async def health(request: Request) -> Response:
@@ -183,6 +194,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
 
     route_list: list[Any] = [Route("/health", health, methods=["GET"])]
     route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
+    route_list += openai_api.routes(gateway, settings.max_body_bytes, settings.base_url)
     route_list += a2a
     route_list += agent_card.routes(card_factory)
     if devnet is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from payments.networks import NetworkInfo, lookup_network
@@ -36,6 +37,9 @@ class Settings:
     resource_dirs: tuple[Path, ...] = ()
     a2a_payment_timeout_seconds: int = 900
     card_max_skills: int = 200
+    model_margin: Decimal = Decimal("0")
+    # The environment the providers read their keys and base URLs from (OPENAI_API_KEY, ...).
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -75,6 +79,8 @@ class Settings:
             resource_dirs=tuple(Path(p) for p in get("PAYWIRE_RESOURCE_DIRS").split(os.pathsep) if p),
             a2a_payment_timeout_seconds=positive_int("PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900),
             card_max_skills=positive_int("PAYWIRE_CARD_MAX_SKILLS", 200),
+            model_margin=_margin(get("PAYWIRE_MODEL_MARGIN", "0")),
+            environ=dict(env),
         )
         if base["public_url"] and not base["public_url"].startswith(("http://", "https://")):
             raise ConfigError(
@@ -148,6 +154,17 @@ def _production(get, raw_networks: str) -> dict:  # type: ignore[no-untyped-def]
         if not out[_attr(rpc)]:
             raise ConfigError(f"{rpc} is not set: the in-process facilitator needs a node to settle on")
     return out
+
+
+def _margin(raw: str) -> Decimal:
+    try:
+        value = Decimal(raw)
+    except ArithmeticError:
+        raise ConfigError(f"PAYWIRE_MODEL_MARGIN must be a decimal fraction such as 0.1, got {raw!r}"
+                          ) from None
+    if not value.is_finite() or not 0 <= value <= 10:
+        raise ConfigError(f"PAYWIRE_MODEL_MARGIN must be between 0 and 10 (0.1 = +10%), got {raw}")
+    return value
 
 
 def _attr(var: str) -> str:

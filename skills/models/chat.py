@@ -61,14 +61,14 @@ def output_budget(body: dict[str, Any], spec: Any) -> int:
 
 
 def chat_price(body: dict[str, Any], spec: Any) -> Decimal:
-    prices = spec.prices
     input_tokens = estimate_messages(body.get("messages") or [], spec.id).tokens
+    in_price, out_price = spec.prices.token_prices(input_tokens)  # long prompts may cost more
+    assert in_price is not None and out_price is not None  # the catalog sells priced models only
     out_tokens = output_budget(body, spec)
-    usd = (Decimal(input_tokens) * prices.input_per_mtok
-           + Decimal(out_tokens) * prices.output_per_mtok) / MILLION
+    usd = (Decimal(input_tokens) * in_price + Decimal(out_tokens) * out_price) / MILLION
     if usd > MAX_USD:
-        per_token = prices.output_per_mtok / MILLION
-        room = (MAX_USD - Decimal(input_tokens) * prices.input_per_mtok / MILLION) / per_token
+        per_token = out_price / MILLION
+        room = (MAX_USD - Decimal(input_tokens) * in_price / MILLION) / per_token
         fit = int(room.to_integral_value(rounding=ROUND_FLOOR)) if per_token else 0
         hint = (f"lower max_tokens to {fit} or less" if fit >= 1
                 else "shorten the messages")
