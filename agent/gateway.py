@@ -8,6 +8,7 @@ format into `CallRequest` and an `Outcome` back; no price, payment or retry rule
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -226,11 +227,13 @@ class Gateway:
                     sent += 1
                 complete = True
             finally:
+                usage = {"chunks": sent, "delivery": "complete" if complete else "partial"}
+                # A client that left cancels this generator, and further awaits here would be
+                # cancelled too: the ledger write runs as its own task so it is not lost.
+                _detach(ledger.record_usage(row_id, latency_ms=round(started.total_ms()),
+                                            usage=usage))
                 if not complete:
                     await chunks.aclose()
-                usage = {"chunks": sent, "delivery": "complete" if complete else "partial"}
-                await ledger.record_usage(row_id, latency_ms=round(started.total_ms()),
-                                          usage=usage)
 
         outcome.stream = rest()
         return outcome
@@ -276,6 +279,14 @@ class Gateway:
 
 
 _END = object()
+_DETACHED: set[asyncio.Task[Any]] = set()
+
+
+def _detach(coro: Any) -> None:
+    """Run a bookkeeping coroutine to completion even if the caller is being cancelled."""
+    task = asyncio.get_running_loop().create_task(coro)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
 
 
 async def _first(chunks: AsyncIterator[Any]) -> Any:

@@ -30,6 +30,20 @@ from skills.errors import UpstreamError
 NO_RETRY = {"x-should-retry": "false"}
 
 
+class UpstreamTiedStream(StreamingResponse):
+    """A stream that notices a client leaving while it waits for the upstream.
+
+    Under ASGI spec 2.4 Starlette only learns of a disconnect when its next send fails, i.e. when
+    the upstream produces the next chunk; a slow or stuck upstream would keep its request open.
+    Presenting spec 2.3 makes Starlette listen for `http.disconnect` and cancel the stream at once,
+    which closes the upstream request.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        asgi = {**scope.get("asgi", {}), "spec_version": "2.3"}
+        await super().__call__({**scope, "asgi": asgi}, receive, send)
+
+
 def _error(status: int, code: str, message: str, param: str | None, **headers: str) -> Response:
     return JSONResponse(error_body(status, code, message, param), status, headers or None)
 
@@ -78,8 +92,8 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             headers = timing_headers(outcome) | NO_RETRY
             if outcome.receipt is not None:
                 headers |= receipt_headers(outcome.receipt)
-            return StreamingResponse(_sse(outcome.stream), headers=headers,
-                                     media_type="text/event-stream")
+            return UpstreamTiedStream(_sse(outcome.stream), headers=headers,
+                                      media_type="text/event-stream")
         response = render(outcome)
         if response.status_code >= 500 or response.status_code == 402:
             response.headers.update(NO_RETRY)
@@ -99,7 +113,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
     ]
 
 
-async def _sse(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+async def _sse(chunks: Any) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
             yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
@@ -107,4 +121,8 @@ async def _sse(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         error = error_body(exc.status, "upstream_error", exc.message, None)
         yield b"data: " + json.dumps(error).encode() + b"\n\n"
         return
+    finally:
+        # A client that went away cancels this generator: close the chain down to the upstream
+        # request now (not whenever the garbage collector gets to it).
+        await chunks.aclose()
     yield b"data: [DONE]\n\n"
