@@ -1,0 +1,220 @@
+"""The OpenAI-compatible chat route: the official `openai` package paying through an x402
+transport, fallback across upstreams, streaming order, cancellation, validation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+
+import httpx
+import pytest
+from eth_account import Account
+from openai import AsyncOpenAI
+from x402 import x402Client
+from x402.http.clients.httpx import x402AsyncTransport
+from x402.mechanisms.evm.exact import register_exact_evm_client
+from x402.mechanisms.evm.signers import EthAccountSigner
+
+from payments.money import usd_to_atomic
+from skills.models.catalog import load_catalog
+from skills.models.chat import chat_price
+from tests.support.live_server import LiveServer, start_server
+from tests.support.openai_upstream import OpenAIUpstream
+
+MESSAGES = [{"role": "user", "content": "Say hello to the agents."}]
+
+
+class Env:
+    def __init__(self, gateway: LiveServer, primary: OpenAIUpstream, fallback: OpenAIUpstream) -> None:
+        self.gateway, self.primary, self.fallback = gateway, primary, fallback
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    primary, fallback = OpenAIUpstream("openai").start(), OpenAIUpstream("openrouter").start()
+    gateway = start_server(tmp_path_factory.mktemp("chat"), env={
+        "OPENAI_BASE_URL": primary.url, "OPENAI_API_KEY": "sk-test-openai",
+        "OPENROUTER_BASE_URL": fallback.url, "OPENROUTER_API_KEY": "sk-test-openrouter",
+    })
+    yield Env(gateway, primary, fallback)
+    gateway.stop()
+    primary.stop()
+    fallback.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset(env: Env) -> None:
+    for upstream in (env.primary, env.fallback):
+        upstream.reset()
+        upstream.behaviour.restore_defaults()
+
+
+def _openai(env: Env) -> AsyncOpenAI:
+    payer = x402Client()
+    register_exact_evm_client(payer, EthAccountSigner(Account.from_key(env.gateway.devnet.keys.evm_payer)))
+    http = httpx.AsyncClient(transport=x402AsyncTransport(payer), timeout=60)
+    return AsyncOpenAI(base_url=f"{env.gateway.url}/v1", api_key="not-needed", http_client=http,
+                       max_retries=0)
+
+
+def _quote_atomic(body: dict) -> int:
+    spec = load_catalog().models[body["model"]]
+    return usd_to_atomic(Decimal(chat_price(body, spec)))
+
+
+def test_official_openai_client_pays_for_a_chat_completion(env: Env) -> None:
+    before = env.gateway.devnet.merchant_balances().evm
+
+    async def go():  # type: ignore[no-untyped-def]
+        async with _openai(env) as client:
+            return await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES,
+                                                        max_tokens=50)
+
+    answer = asyncio.run(go())
+    assert answer.model == "gpt-4o-mini" and answer.choices[0].message.content
+    assert answer.usage is not None and answer.usage.total_tokens > 0
+    expected = _quote_atomic({"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 50})
+    assert env.gateway.devnet.merchant_balances().evm - before == expected
+    [forwarded] = [r for r in env.primary.requests if r.path.endswith("/chat/completions")]
+    assert forwarded.headers["authorization"] == "Bearer sk-test-openai"
+    assert forwarded.json["model"] == "gpt-4o-mini" and forwarded.json["messages"] == MESSAGES
+    rows = env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")
+    usage = json.loads(rows[-1]["usage"])
+    assert usage["provider"] == "openai" and usage["prompt_tokens"] == answer.usage.prompt_tokens
+
+
+def test_official_openai_client_streams_and_pays(env: Env) -> None:
+    before = env.gateway.devnet.merchant_balances().evm
+
+    async def go() -> list:  # type: ignore[type-arg]
+        async with _openai(env) as client:
+            stream = await client.chat.completions.create(
+                model="gpt-4o-mini", messages=MESSAGES, max_tokens=50, stream=True,
+                stream_options={"include_usage": True})
+            return [chunk async for chunk in stream]
+
+    chunks = asyncio.run(go())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and len([c for c in chunks if c.choices]) >= 2
+    assert chunks[-1].usage is not None
+    assert env.gateway.devnet.merchant_balances().evm - before > 0
+    assert env.primary.stream_finished.is_set()
+
+
+def _paid_post(env: Env, body: dict, *, stream: bool = False) -> httpx.Response:
+    async def go() -> httpx.Response:
+        payer = x402Client()
+        register_exact_evm_client(payer, EthAccountSigner(
+            Account.from_key(env.gateway.devnet.keys.evm_payer)))
+        async with httpx.AsyncClient(transport=x402AsyncTransport(payer), timeout=60) as http:
+            r = await http.post(f"{env.gateway.url}/v1/chat/completions", json=body)
+            await r.aread()
+            return r
+
+    return asyncio.run(go())
+
+
+def test_fallback_to_the_next_upstream_charges_once(env: Env) -> None:
+    env.primary.behaviour.fail(500, 500, 500, 500)
+    before = env.gateway.devnet.merchant_balances().evm
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 20}
+    r = _paid_post(env, body)
+    assert r.status_code == 200, r.text
+    assert [q.path for q in env.fallback.requests][-1].endswith("/chat/completions")
+    assert env.fallback.requests[-1].json["model"] == "openai/gpt-4o-mini"
+    assert env.gateway.devnet.merchant_balances().evm - before == _quote_atomic(body)
+
+
+def test_every_upstream_down_is_502_and_free(env: Env) -> None:
+    env.primary.behaviour.fail(*[503] * 10)
+    env.fallback.behaviour.fail(*[503] * 10)
+    before = env.gateway.devnet.merchant_balances().evm
+    r = _paid_post(env, {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 20})
+    assert r.status_code == 502
+    assert r.json()["error"]["type"] == "server_error"
+    assert r.headers["x-should-retry"] == "false"
+    assert env.gateway.devnet.merchant_balances().evm == before
+
+
+def test_upstream_4xx_is_a_400_with_its_message_and_free(env: Env) -> None:
+    env.primary.behaviour.fail(400)
+    env.fallback.behaviour.fail(400)  # (the primary may be cooling down after the test above)
+    before = env.gateway.devnet.merchant_balances().evm
+    r = _paid_post(env, {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 20})
+    assert r.status_code == 400 and "nothing was charged" in r.json()["error"]["message"]
+    assert env.gateway.devnet.merchant_balances().evm == before
+
+
+def test_stream_first_chunk_arrives_before_the_upstream_finishes_and_disconnect_cancels(
+    env: Env,
+) -> None:
+    gate = threading.Event()  # on both upstreams: an earlier test may have cooled the primary down
+    for upstream in (env.primary, env.fallback):
+        upstream.behaviour.gate = gate
+        upstream.behaviour.chunks = 6
+
+    async def go() -> str:
+        payer = x402Client()
+        register_exact_evm_client(payer, EthAccountSigner(
+            Account.from_key(env.gateway.devnet.keys.evm_payer)))
+        async with httpx.AsyncClient(transport=x402AsyncTransport(payer), timeout=60) as http:
+            async with http.stream("POST", f"{env.gateway.url}/v1/chat/completions", json={
+                    "model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 20,
+                    "stream": True}) as response:
+                assert response.status_code == 200
+                assert response.headers.get("PAYMENT-RESPONSE")
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        # the first chunk is here while the upstream still holds the rest
+                        assert not env.primary.stream_finished.is_set()
+                        assert not env.fallback.stream_finished.is_set()
+                        return line
+        raise AssertionError("no chunk")
+
+    first = asyncio.run(go())  # leaving the block drops the connection mid-stream
+    assert json.loads(first.removeprefix("data: "))["object"] == "chat.completion.chunk"
+    # paywire notices the client left and records a partial delivery for the settled payment...
+    deadline = time.monotonic() + 10
+    while not any("partial" in (row["usage"] or "") for row in
+                  env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")):
+        assert time.monotonic() < deadline, "no partial delivery recorded"
+        time.sleep(0.02)  # polling the ledger with a deadline
+    # ...and has dropped the upstream request: the upstream finds its client gone when it goes on.
+    gate.set()
+    while not (env.primary.cancelled.is_set() or env.fallback.cancelled.is_set()):
+        assert time.monotonic() < deadline + 10, "the upstream never saw its request cancelled"
+        time.sleep(0.02)  # polling two events with a deadline
+    assert not (env.primary.stream_finished.is_set() or env.fallback.stream_finished.is_set())
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"model": "gpt-4o-mini", "messages": []}, "messages"),
+    ({"model": "gpt-4o-mini", "messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+    ({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ({"model": "gpt-4o-mini", "messages": MESSAGES, "temperature": 3}, "temperature"),
+    ({"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 10**9}, "max_tokens"),
+    ({"messages": MESSAGES}, "model"),
+])
+def test_bad_requests_are_refused_before_any_quote(env: Env, body: dict, param: str) -> None:
+    r = httpx.post(f"{env.gateway.url}/v1/chat/completions", json=body)
+    assert r.status_code == 400 and "PAYMENT-REQUIRED" not in r.headers
+    assert r.json()["error"]["param"] == param
+
+
+def test_unknown_and_unconfigured_models(env: Env) -> None:
+    r = httpx.post(f"{env.gateway.url}/v1/chat/completions",
+                   json={"model": "no-such-model", "messages": MESSAGES})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.post(f"{env.gateway.url}/v1/chat/completions",
+                   json={"model": "deepseek-chat", "messages": MESSAGES})
+    assert r.status_code == 503 and "DEEPSEEK_API_KEY" in r.json()["error"]["message"]
+    models = httpx.get(f"{env.gateway.url}/v1/models").json()
+    assert models["object"] == "list"
+    by_id = {m["id"]: m for m in models["data"]}
+    assert by_id["gpt-4o-mini"]["available"] is True
+    assert by_id["deepseek-chat"]["available"] is False
+    assert "DEEPSEEK_API_KEY" in by_id["deepseek-chat"]["enable_with"]
