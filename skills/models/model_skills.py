@@ -8,9 +8,12 @@ from typing import Any
 from ..errors import UpstreamError
 from ..skill import Operation, Skill
 from .chat import make_chat_operation
+from .media_ops import FACTORIES as MEDIA_FACTORIES
+from .text_ops import FACTORIES as TEXT_FACTORIES
 from .upstream import Target, UpstreamClient
 
-OPERATION_FACTORIES = {"chat.completions": make_chat_operation}
+# Each factory: (spec, targets, client) -> Operation.
+OPERATION_FACTORIES = {"chat.completions": make_chat_operation, **TEXT_FACTORIES, **MEDIA_FACTORIES}
 
 
 def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, str]) -> list[Skill]:

@@ -1,0 +1,81 @@
+"""Shared pieces of the OpenAI-compatible routes: body reading, model lookup, errors, SSE."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from agent.gateway import Gateway
+from agent.http_io import BodyTooLarge, error_body, read_body
+from skills.errors import UpstreamError
+
+NO_RETRY = {"x-should-retry": "false"}
+
+
+class UpstreamTiedStream(StreamingResponse):
+    """A stream that notices a client leaving while it waits for the upstream.
+
+    Under ASGI spec 2.4 Starlette only learns of a disconnect when its next send fails, i.e. when
+    the upstream produces the next chunk; a slow or stuck upstream would keep its request open.
+    Presenting spec 2.3 makes Starlette listen for `http.disconnect` and cancel the stream at once,
+    which closes the upstream request.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        asgi = {**scope.get("asgi", {}), "spec_version": "2.3"}
+        await super().__call__({**scope, "asgi": asgi}, receive, send)
+
+
+def error(status: int, code: str, message: str, param: str | None, **headers: str) -> Response:
+    return JSONResponse(error_body(status, code, message, param), status, headers or None)
+
+
+async def json_body(request: Request, limit: int) -> dict[str, Any] | Response:
+    try:
+        raw = await read_body(request, limit)
+    except BodyTooLarge as exc:
+        return error(413, "body_too_large", f"{exc}; send at most {exc.limit} bytes", None)
+    try:
+        body = json.loads(raw or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return error(400, "invalid_json", f"the body is not valid JSON ({exc})", None)
+    if not isinstance(body, dict):
+        return error(400, "invalid_body", "the body must be a JSON object", None)
+    return body
+
+
+
+
+def model_skill(gateway: Gateway, body: dict[str, Any], operation: str) -> Any:
+    """The model skill a body names, or the OpenAI-shaped error response (400/404)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return error(400, "missing_model", "'model' is required: a model id from GET /v1/models",
+                     "model")
+    skill = gateway.registry.get(model)
+    if skill is None or skill.kind != "model":
+        return error(404, "model_not_found", f"The model '{model}' does not exist; "
+                     "GET /v1/models lists the models", "model")
+    if operation not in skill.operations:
+        return error(400, "unsupported_operation", f"'{model}' does not support {operation}; "
+                     f"it supports {', '.join(skill.operations)}", "model")
+    return skill
+
+
+async def sse(chunks: Any) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    except UpstreamError as exc:
+        error = error_body(exc.status, "upstream_error", exc.message, None)
+        yield b"data: " + json.dumps(error).encode() + b"\n\n"
+        return
+    finally:
+        # A client that went away cancels this generator: close the chain down to the upstream
+        # request now (not whenever the garbage collector gets to it).
+        await chunks.aclose()
+    yield b"data: [DONE]\n\n"

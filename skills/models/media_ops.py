@@ -1,0 +1,7 @@
+"""Model operations (see OPERATION_FACTORIES in model_skills)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+FACTORIES: dict[str, Any] = {}
