@@ -121,7 +121,7 @@ class Gateway:
                 return Refused(t, exc.status, "skill_unavailable", exc.message)
             resource = self.resource_info(skill, req.resource_url)
         if atomic == 0:
-            return await self._run_free(t, op, payload)
+            return await self._run_free(t, skill, op, req, payload)
         requirements = self.processor.requirements(atomic)
 
         def demand(reason: str | None = None, message: str | None = None,
@@ -270,12 +270,21 @@ class Gateway:
             )
         return Delivered(t, result, receipt, atomic)
 
-    async def _run_free(self, t: Timings, op: Operation, payload: dict[str, Any]) -> Outcome:
+    async def _run_free(self, t: Timings, skill: Skill, op: Operation, req: CallRequest,
+                        payload: dict[str, Any]) -> Outcome:
+        """A free call (help, an operator's free model): no quote to probe, so always validated."""
         with t.stage("run"):
             try:
+                skill.validate(payload, req.operation)
+                if req.stream and op.streamer is not None:
+                    return Delivered(t, SkillResult(body=None), stream=op.streamer(payload))
                 return Delivered(t, await op.run(payload))
             except SkillInputError as exc:
                 return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+            except SkillUnavailableError as exc:
+                return Refused(t, 503, "skill_unavailable", str(exc))
+            except UpstreamError as exc:
+                return Refused(t, exc.status, "upstream_error", exc.message)
 
 
 _END = object()
