@@ -33,7 +33,7 @@ from wellknown import agent_card
 
 from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
-from .settings import Settings
+from .settings import ConfigError, Settings
 
 log = logging.getLogger("paywire")
 VERSION = "0.1.0"
@@ -101,10 +101,13 @@ def build_registry(settings: Settings, upstreams: UpstreamClient) -> SkillRegist
     """Marketplace resources from their files, then every sellable model of the model table."""
     registry = SkillRegistry()
     load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs])
-    catalog = load_catalog(margin=settings.model_margin)
+    catalog = load_catalog(settings.models_file, margin=settings.model_margin)
     for warning in catalog.warnings:
         log.warning("model table: %s", warning)
-    for skill in build_model_skills(catalog, upstreams, settings.environ):
+    unknown = settings.free_models - set(catalog.models)
+    if unknown:
+        raise ConfigError(f"PAYWIRE_FREE_MODELS names models not in the table: {sorted(unknown)}")
+    for skill in build_model_skills(catalog, upstreams, settings.environ, free=settings.free_models):
         registry.add(skill)
     return registry
 

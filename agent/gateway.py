@@ -260,14 +260,14 @@ class Gateway:
             "amount": receipt.amount or str(atomic),
             "payer": receipt.payer or None,
         })
-        await self.ledger.mark_settled(row_id, receipt.transaction)
-        if record:
-            await self.ledger.record_usage(
-                row_id,
-                latency_ms=round(t.total_ms()),
-                usage=result.usage,
-                upstream_cost_usd=str(result.upstream_cost_usd) if result.upstream_cost_usd else None,
-            )
+        with t.stage("record"):
+            if record:
+                cost = result.upstream_cost_usd
+                await self.ledger.mark_settled(
+                    row_id, receipt.transaction, latency_ms=round(t.total_ms()),
+                    usage=result.usage, upstream_cost_usd=str(cost) if cost is not None else None)
+            else:  # a stream: its usage is recorded when it ends
+                await self.ledger.mark_settled(row_id, receipt.transaction)
         return Delivered(t, result, receipt, atomic)
 
     async def _run_free(self, t: Timings, skill: Skill, op: Operation, req: CallRequest,

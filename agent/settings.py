@@ -38,6 +38,8 @@ class Settings:
     a2a_payment_timeout_seconds: int = 900
     card_max_skills: int = 200
     model_margin: Decimal = Decimal("0")
+    models_file: Path | None = None
+    free_models: frozenset[str] = frozenset()
     # The environment the providers read their keys and base URLs from (OPENAI_API_KEY, ...).
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
@@ -80,6 +82,8 @@ class Settings:
             a2a_payment_timeout_seconds=positive_int("PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900),
             card_max_skills=positive_int("PAYWIRE_CARD_MAX_SKILLS", 200),
             model_margin=_margin(get("PAYWIRE_MODEL_MARGIN", "0")),
+            models_file=Path(get("PAYWIRE_MODELS_FILE")) if get("PAYWIRE_MODELS_FILE") else None,
+            free_models=frozenset(m.strip() for m in get("PAYWIRE_FREE_MODELS").split(",") if m.strip()),
             environ=dict(env),
         )
         if base["public_url"] and not base["public_url"].startswith(("http://", "https://")):

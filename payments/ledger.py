@@ -174,9 +174,15 @@ class Ledger:
             row_id, PaymentState.CLAIMED, state=PaymentState.RELEASED, error=reason[:2000]
         )
 
-    async def mark_settled(self, row_id: str, tx_hash: str) -> None:
+    async def mark_settled(self, row_id: str, tx_hash: str, *, latency_ms: int | None = None,
+                           usage: dict[str, Any] | None = None,
+                           upstream_cost_usd: str | None = None) -> None:
+        """Settled, with the call's usage in the same write (one round trip on the hot path)."""
+        extra: dict[str, Any] = {}
+        if latency_ms is not None:
+            extra = {"latency_ms": latency_ms, "usage": usage, "upstream_cost_usd": upstream_cost_usd}
         await self._transition(
-            row_id, PaymentState.CLAIMED, state=PaymentState.SETTLED, tx_hash=tx_hash
+            row_id, PaymentState.CLAIMED, state=PaymentState.SETTLED, tx_hash=tx_hash, **extra
         )
 
     async def mark_failed(self, row_id: str, reason: str, tx_hash: str | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from ..errors import UpstreamError
@@ -16,8 +17,10 @@ from .upstream import Target, UpstreamClient
 OPERATION_FACTORIES = {"chat.completions": make_chat_operation, **TEXT_FACTORIES, **MEDIA_FACTORIES}
 
 
-def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, str]) -> list[Skill]:
-    """Skills for the catalog's models, for the operations implemented so far."""
+def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, str],
+                       free: frozenset[str] = frozenset()) -> list[Skill]:
+    """Skills for the catalog's models, for the operations implemented so far. Models named in
+    `free` (an operator's choice, e.g. a self-hosted model) cost nothing and need no payment."""
     skills = []
     for spec in catalog.models.values():
         targets = _targets_for(catalog, spec, env)
@@ -27,6 +30,8 @@ def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, s
         }
         if not operations:
             continue
+        if spec.id in free:
+            operations = {name: _free(op, targets) for name, op in operations.items()}
         skills.append(Skill(
             id=spec.id, name=spec.name,
             description=f"{spec.name} ({spec.family}) through an OpenAI-compatible API: "
@@ -38,6 +43,14 @@ def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, s
                        "max_tokens": 64},),
         ))
     return skills
+
+
+def _free(op: Operation, targets: Any) -> Operation:
+    def price(body: dict[str, Any]) -> Decimal:
+        targets()  # still refuse up front when no provider is configured
+        return Decimal(0)
+
+    return Operation(op.name, op.run, price, op.validator, op.streamer)
 
 
 def _targets_for(catalog: Any, spec: Any, env: Mapping[str, str]) -> Any:
