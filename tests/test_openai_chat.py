@@ -218,3 +218,30 @@ def test_unknown_and_unconfigured_models(env: Env) -> None:
     assert by_id["gpt-4o-mini"]["available"] is True
     assert by_id["deepseek-chat"]["available"] is False
     assert "DEEPSEEK_API_KEY" in by_id["deepseek-chat"]["enable_with"]
+
+
+def test_operator_model_table_and_free_models(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from agent.settings import ConfigError
+
+    table = str(Path(__file__).resolve().parent.parent / "bench" / "models.json")
+    with OpenAIUpstream("local").start() as local:
+        gateway = start_server(tmp_path / "free", env={
+            "PAYWIRE_MODELS_FILE": table, "PAYWIRE_FREE_MODELS": "mock-gpt",
+            "LOCAL_LLM_BASE_URL": local.url})
+        try:
+            r = httpx.post(f"{gateway.url}/v1/chat/completions",
+                           json={"model": "mock-gpt", "messages": MESSAGES})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+            assert "PAYMENT-RESPONSE" not in r.headers and gateway.ledger_rows() == []
+            ids = [m["id"] for m in httpx.get(f"{gateway.url}/v1/models").json()["data"]]
+            assert ids == ["mock-gpt"]
+            bad = httpx.post(f"{gateway.url}/v1/chat/completions",
+                             json={"model": "mock-gpt", "messages": []})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+        finally:
+            gateway.stop()
+    with pytest.raises(ConfigError, match="PAYWIRE_FREE_MODELS"):
+        start_server(tmp_path / "bad", env={"PAYWIRE_MODELS_FILE": table,
+                                            "PAYWIRE_FREE_MODELS": "no-such-model"})
