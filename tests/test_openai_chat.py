@@ -245,3 +245,21 @@ def test_operator_model_table_and_free_models(tmp_path) -> None:  # type: ignore
     with pytest.raises(ConfigError, match="PAYWIRE_FREE_MODELS"):
         start_server(tmp_path / "bad", env={"PAYWIRE_MODELS_FILE": table,
                                             "PAYWIRE_FREE_MODELS": "no-such-model"})
+
+
+def test_the_quote_covers_every_choice_and_the_upstream_is_capped_at_what_was_paid(env: Env) -> None:
+    from payments.codec import decode_base64_any
+
+    def quoted(body: dict) -> int:
+        r = httpx.post(f"{env.gateway.url}/v1/chat/completions", json=body)
+        assert r.status_code == 402
+        return int(json.loads(decode_base64_any(r.headers["PAYMENT-REQUIRED"]))["accepts"][0]["amount"])
+
+    one = quoted({"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 1000})
+    three = quoted({"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 1000, "n": 3})
+    assert three > 2 * one
+    r = _paid_post(env, {"model": "gpt-4o-mini", "messages": MESSAGES})  # no max_tokens given
+    assert r.status_code == 200
+    sent = [q for q in env.primary.requests + env.fallback.requests
+            if q.path.endswith("/chat/completions")][-1]
+    assert sent.json["max_tokens"] == load_catalog().models["gpt-4o-mini"].default_max_tokens

@@ -53,6 +53,9 @@ def validate_chat(body: dict[str, Any], spec: Any) -> None:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise SkillInputError("'stream_options' must be an object", "stream_options")
+    n = body.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+        raise SkillInputError("'n' must be a whole number from 1 to 128", "n")
 
 
 def output_budget(body: dict[str, Any], spec: Any) -> int:
@@ -64,7 +67,8 @@ def chat_price(body: dict[str, Any], spec: Any) -> Decimal:
     input_tokens = estimate_messages(body.get("messages") or [], spec.id).tokens
     in_price, out_price = spec.prices.token_prices(input_tokens)  # long prompts may cost more
     assert in_price is not None and out_price is not None  # the catalog sells priced models only
-    out_tokens = output_budget(body, spec)
+    choices = body.get("n", 1) if isinstance(body.get("n", 1), int) else 1
+    out_tokens = output_budget(body, spec) * choices  # every choice is generated and billed
     usd = (Decimal(input_tokens) * in_price + Decimal(out_tokens) * out_price) / MILLION
     if usd > MAX_USD:
         per_token = out_price / MILLION
@@ -88,7 +92,7 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
         return chat_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        upstream_body = {**body, "stream": False}
+        upstream_body = {**_capped(body, spec), "stream": False}
         answer, target, _ = await client.request(_require(targets, spec), "/chat/completions",
                                                  json_body=upstream_body)
         if not isinstance(answer, dict) or "choices" not in answer:
@@ -100,12 +104,20 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
 
     async def stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         async for event in client.stream(_require(targets, spec), "/chat/completions",
-                                         {**body, "stream": True}):
+                                         {**_capped(body, spec), "stream": True}):
             if "model" in event:
                 event["model"] = spec.id
             yield event
 
     return Operation("chat.completions", run, price, validate, stream)
+
+
+def _capped(body: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The quote paid for `max_tokens` (or the model default): the upstream gets that cap too, so
+    the answer can never run past what was paid for."""
+    if "max_tokens" in body or "max_completion_tokens" in body:
+        return body
+    return {**body, "max_tokens": spec.default_max_tokens}
 
 
 def _require(targets: Targets, spec: Any) -> Sequence[Target]:
