@@ -8,9 +8,18 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
-from agent.gateway import Gateway
-from agent.http_io import BodyTooLarge, error_body, read_body
+from agent.gateway import CallRequest, Delivered, Gateway, Outcome
+from agent.http_io import (
+    BodyTooLarge,
+    error_body,
+    payment_from,
+    read_body,
+    receipt_headers,
+    render,
+    timing_headers,
+)
 from skills.errors import UpstreamError
 
 NO_RETRY = {"x-should-retry": "false"}
@@ -79,3 +88,36 @@ async def sse(chunks: Any) -> AsyncIterator[bytes]:
         # request now (not whenever the garbage collector gets to it).
         await chunks.aclose()
     yield b"data: [DONE]\n\n"
+
+
+def respond(outcome: Outcome) -> Response:
+    """An Outcome as OpenAI's answer: SSE for a stream, JSON otherwise; no-retry where a client
+    retry could pay twice."""
+    if isinstance(outcome, Delivered) and outcome.stream is not None:
+        headers = timing_headers(outcome) | NO_RETRY
+        if outcome.receipt is not None:
+            headers |= receipt_headers(outcome.receipt)
+        return UpstreamTiedStream(sse(outcome.stream), headers=headers, media_type="text/event-stream")
+    response = render(outcome)
+    if response.status_code >= 500 or response.status_code == 402:
+        response.headers.update(NO_RETRY)
+    return response
+
+
+def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes: int,
+                     base_url: str) -> Route:
+    """POST `path` with a JSON body naming a model: the model's `operation`, paid per call."""
+
+    async def handle(request: Request) -> Response:
+        body = await json_body(request, max_body_bytes)
+        if isinstance(body, Response):
+            return body
+        skill = model_skill(gateway, body, operation)
+        if isinstance(skill, Response):
+            return skill
+        outcome = await gateway.call(CallRequest(
+            skill_id=skill.id, payload=body, resource_url=f"{base_url}{path}",
+            payment=payment_from(request), stream=body.get("stream") is True, operation=operation))
+        return respond(outcome)
+
+    return Route(path, handle, methods=["POST"])

@@ -12,6 +12,8 @@ if str(ROOT) not in sys.path:
 
 from tests.support.live_server import LiveServer, start_server  # noqa: E402
 
+pytest_plugins = ["tests.support.model_env"]
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:

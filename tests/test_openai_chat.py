@@ -7,7 +7,6 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 
 import httpx
@@ -22,35 +21,16 @@ from x402.mechanisms.evm.signers import EthAccountSigner
 from payments.money import usd_to_atomic
 from skills.models.catalog import load_catalog
 from skills.models.chat import chat_price
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import start_server
+from tests.support.model_env import Env
 from tests.support.openai_upstream import OpenAIUpstream
+
+pytestmark = pytest.mark.usefixtures("reset_upstreams")  # fixtures: tests/support/model_env.py
 
 MESSAGES = [{"role": "user", "content": "Say hello to the agents."}]
 
 
-class Env:
-    def __init__(self, gateway: LiveServer, primary: OpenAIUpstream, fallback: OpenAIUpstream) -> None:
-        self.gateway, self.primary, self.fallback = gateway, primary, fallback
 
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    primary, fallback = OpenAIUpstream("openai").start(), OpenAIUpstream("openrouter").start()
-    gateway = start_server(tmp_path_factory.mktemp("chat"), env={
-        "OPENAI_BASE_URL": primary.url, "OPENAI_API_KEY": "sk-test-openai",
-        "OPENROUTER_BASE_URL": fallback.url, "OPENROUTER_API_KEY": "sk-test-openrouter",
-    })
-    yield Env(gateway, primary, fallback)
-    gateway.stop()
-    primary.stop()
-    fallback.stop()
-
-
-@pytest.fixture(autouse=True)
-def _reset(env: Env) -> None:
-    for upstream in (env.primary, env.fallback):
-        upstream.reset()
-        upstream.behaviour.restore_defaults()
 
 
 def _openai(env: Env) -> AsyncOpenAI:

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import json
 import struct
-from collections.abc import Iterator
 from decimal import Decimal
 from functools import cache
 from typing import Any
@@ -37,42 +36,17 @@ from skills.models.text_ops import (
     make_embeddings_operation,
 )
 from skills.models.upstream import Target, UpstreamClient
-from tests.support.live_server import LiveServer, start_server
-from tests.support.openai_upstream import OpenAIUpstream, RecordedRequest, embedding_vector, reply_text
+from tests.support.model_env import Env
+from tests.support.openai_upstream import embedding_vector, reply_text
+
+pytestmark = pytest.mark.usefixtures("reset_upstreams")  # fixtures from tests/support/model_env.py
 
 COMPLETION_MODEL = "gpt-3.5-turbo-instruct"
 EDIT_MODEL = "gpt-4o-mini"
 EMBEDDING_MODEL = "text-embedding-3-small"
 
 
-class Env:
-    def __init__(self, gateway: LiveServer, primary: OpenAIUpstream, fallback: OpenAIUpstream) -> None:
-        self.gateway, self.primary, self.fallback = gateway, primary, fallback
 
-    def balance(self) -> int:
-        return int(self.gateway.devnet.merchant_balances().evm)
-
-    def served(self, path: str) -> list[RecordedRequest]:
-        return self.primary.requests_to(path) + self.fallback.requests_to(path)
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    primary, fallback = OpenAIUpstream("openai").start(), OpenAIUpstream("openrouter").start()
-    gateway = start_server(tmp_path_factory.mktemp("text"), env={
-        "OPENAI_BASE_URL": primary.url, "OPENAI_API_KEY": "sk-test-openai",
-        "OPENROUTER_BASE_URL": fallback.url, "OPENROUTER_API_KEY": "sk-test-openrouter",
-    })
-    yield Env(gateway, primary, fallback)
-    gateway.stop()
-    primary.stop()
-    fallback.stop()
-
-
-@pytest.fixture(autouse=True)
-def _reset(env: Env) -> None:
-    for upstream in (env.primary, env.fallback):
-        upstream.reset()
 
 
 @cache
