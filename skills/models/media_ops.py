@@ -1,7 +1,445 @@
-"""Model operations (see OPERATION_FACTORIES in model_skills)."""
+"""Audio and image operations of a model: speech, transcriptions, translations, sound generation, and
+image generation and edits. Each validates its body (before any quote), quotes it from the catalog's
+prices, and calls the model's upstreams:
+
+- audio.speech: input characters x the price per 1M characters, within $0.001-$5.00;
+- audio.transcriptions / audio.translations: the audio's duration, read from the file itself
+  (audio_duration), x the price per minute, within $0.001-$1.00;
+- audio.generations (ElevenLabs, audio_elevenlabs): duration_seconds x the price per second, or the price
+  per call when the provider picks the length, within $0.001-$0.10;
+- images.generations / images.edits: n x the price of one image of that size and quality.
+
+Uploads reach the operations as `UploadedFile` values inside the payload (see there for why).
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
-FACTORIES: dict[str, Any] = {}
+import aiohttp
+
+from ..errors import SkillInputError, UpstreamError
+from ..skill import Operation, SkillResult
+from .audio_duration import audio_duration
+from .audio_elevenlabs import MAX_SECONDS, MEDIA_TYPE, MIN_SECONDS, SOUND_PATH, ElevenLabsTarget, sound_body
+from .chat import Targets
+from .upstream import Target, UpstreamClient
+
+MILLION = Decimal(1_000_000)
+SPEECH_USD = (Decimal("0.001"), Decimal("5.00"))
+TRANSCRIPTION_USD = (Decimal("0.001"), Decimal("1.00"))
+GENERATION_USD = (Decimal("0.001"), Decimal("0.10"))
+
+SPEECH_FORMATS = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", "flac": "audio/flac",
+                  "wav": "audio/wav", "pcm": "audio/pcm"}
+SPEECH_MAX_CHARS = 4096  # OpenAI's limit on `input`
+TRANSCRIPTION_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+MAX_IMAGES = 10  # OpenAI's bound for `n`
+MAX_EDIT_IMAGES = 16  # gpt-image-1 takes up to 16 input images
+TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
+COST_STEP = Decimal("1e-10")
+
+
+class UploadedFile(dict[str, Any]):
+    """A file uploaded with a call (multipart), as a payload value.
+
+    The pipeline hashes every payload with `json.dumps` (the ledger's request digest), which cannot take
+    bytes. So the mapping holds what identifies the file — name, content type, size, SHA-256 — and is
+    what the digest sees, while the bytes ride along as the `data` attribute.
+    """
+
+    def __init__(self, data: bytes, filename: str = "file", content_type: str = "application/octet-stream"
+                 ) -> None:
+        super().__init__(filename=filename, content_type=content_type, bytes=len(data),
+                         sha256=hashlib.sha256(data).hexdigest())
+        self.data = data
+
+    @property
+    def filename(self) -> str:
+        return str(self["filename"])
+
+    @property
+    def content_type(self) -> str:
+        return str(self["content_type"])
+
+    @cached_property
+    def seconds(self) -> Decimal | None:
+        """Playing time if this is audio whose duration can be read (validation and pricing both ask)."""
+        return audio_duration(self.data)
+
+
+# ---------------------------------------------------------------------------------------------- quotes
+
+
+def _within(usd: Decimal, bounds: tuple[Decimal, Decimal], param: str, hint: str) -> Decimal:
+    low, high = bounds
+    if usd > high:
+        raise SkillInputError(f"this request would cost ${usd:.6f}, above the ${high} maximum of this route; "
+                              f"{hint}", param)
+    return max(usd, low)
+
+
+def speech_price(body: dict[str, Any], spec: Any) -> Decimal:
+    per_mchars = spec.prices.per_mchars
+    usd = Decimal(len(body.get("input") or "")) * per_mchars / MILLION  # (an empty probe: the minimum)
+    fit = int(SPEECH_USD[1] * MILLION / per_mchars)
+    return _within(usd, SPEECH_USD, "input", f"send at most {fit} characters")
+
+
+def transcription_price(body: dict[str, Any], spec: Any) -> Decimal:
+    """The audio's exact duration (from the file) x the price per minute."""
+    upload = body.get("file")
+    seconds = (upload.seconds if isinstance(upload, UploadedFile) else None) or Decimal(0)  # (a probe)
+    per_minute = spec.prices.per_minute
+    usd = seconds * per_minute / 60
+    fit = math.floor(TRANSCRIPTION_USD[1] / per_minute)
+    return _within(usd, TRANSCRIPTION_USD, "file", f"this audio lasts {seconds:.1f} s; split it into parts "
+                                                   f"of at most {fit} minutes")
+
+
+def generation_price(body: dict[str, Any], spec: Any) -> Decimal:
+    """duration_seconds x the price per second; without a duration the provider picks it after we quote,
+    so the price per call, or (without one) the longest duration it may pick."""
+    prices = spec.prices
+    duration = body.get("duration_seconds")
+    if prices.per_second is not None and (duration is not None or prices.per_call is None):
+        seconds = Decimal(str(duration if duration is not None else MAX_SECONDS))
+        usd = seconds * prices.per_second
+        fit = math.floor(GENERATION_USD[1] / prices.per_second * 10) / 10
+        return _within(usd, GENERATION_USD, "duration_seconds", f"set duration_seconds to {fit} or less")
+    assert prices.per_call is not None  # the catalog sells audio.generations with one of the two
+    return _within(prices.per_call, GENERATION_USD, "model", "choose another model")
+
+
+def image_price(body: dict[str, Any], spec: Any) -> Decimal:
+    """n x the price of one image at the requested (or the model's default) size and quality."""
+    one: Decimal | None = spec.prices.image_price(body.get("size"), body.get("quality"))
+    if one is None:
+        raise _image_option_error(body, spec)
+    return one * int(body.get("n") or 1)
+
+
+def _image_option_error(body: dict[str, Any], spec: Any) -> SkillInputError:
+    prices = spec.prices
+    sizes = sorted({key.partition("/")[0] for key in prices.per_image})
+    if prices.image_price(body.get("size"), None) is None:
+        return SkillInputError(f"'size' {body.get('size')!r} is not offered for {spec.id}; choose one of "
+                               f"{', '.join(sizes)}", "size")
+    qualities = sorted({key.partition("/")[2] for key in prices.per_image} - {""})
+    return SkillInputError(f"'quality' {body.get('quality')!r} is not offered for {spec.id}; choose one of "
+                           f"{', '.join(qualities) or 'none'} (or auto)", "quality")
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _string(body: dict[str, Any], name: str, *, required: bool = False, max_len: int | None = None) -> None:
+    value = body.get(name)
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value:
+        raise SkillInputError(f"'{name}' must be a non-empty string", name)
+    if max_len is not None and len(value) > max_len:
+        raise SkillInputError(f"'{name}' is {len(value)} characters long; the maximum is {max_len}", name)
+
+
+def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                              or not low <= value <= high):
+        raise SkillInputError(f"'{name}' must be a number from {low:g} to {high:g}", name)
+
+
+def _choice(body: dict[str, Any], name: str, allowed: Sequence[str]) -> None:
+    value = body.get(name)
+    if value is not None and value not in allowed:
+        raise SkillInputError(f"'{name}' must be one of {', '.join(allowed)}, got {value!r}", name)
+
+
+def _no_stream(body: dict[str, Any]) -> None:
+    if body.get("stream") not in (None, False):
+        raise SkillInputError("'stream' is not supported on this route; leave it out or set it to false",
+                              "stream")
+
+
+def _upload(value: Any, name: str) -> UploadedFile:
+    if not isinstance(value, UploadedFile):
+        raise SkillInputError(f"'{name}' must be an uploaded file (a multipart/form-data file field)", name)
+    if not value.data:
+        raise SkillInputError(f"'{name}' is empty", name)
+    return value
+
+
+def _uploads(value: Any, name: str, limit: int) -> list[UploadedFile]:
+    files = value if isinstance(value, list) else [value]
+    if not files or len(files) > limit:
+        raise SkillInputError(f"'{name}' takes 1 to {limit} files", name)
+    return [_upload(f, name) for f in files]
+
+
+def _image_options(body: dict[str, Any], spec: Any) -> None:
+    _string(body, "prompt", required=True)
+    n = body.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_IMAGES):
+        raise SkillInputError(f"'n' must be a whole number from 1 to {MAX_IMAGES}", "n")
+    _string(body, "size")
+    _string(body, "quality")
+    _choice(body, "response_format", ("url", "b64_json"))
+    _no_stream(body)
+    if spec.prices.image_price(body.get("size"), body.get("quality")) is None:
+        raise _image_option_error(body, spec)
+
+
+# ---------------------------------------------------------------------------------------------- calls
+
+
+def _form(target: Target, body: dict[str, Any], files: dict[str, list[UploadedFile]]) -> aiohttp.FormData:
+    """The multipart body for one upstream: its model name, the text fields as OpenAI sends them (arrays
+    as repeated `name[]`), then the files."""
+    form = aiohttp.FormData()
+    form.add_field("model", target.model)
+    for name, value in body.items():
+        if name == "model" or name in files or value is None:
+            continue
+        if isinstance(value, list):
+            for item in value:
+                form.add_field(f"{name}[]", _text(item))
+        else:
+            form.add_field(name, _text(value))
+    for name, uploads in files.items():
+        for upload in uploads:
+            form.add_field(name, upload.data, filename=upload.filename, content_type=upload.content_type)
+    return form
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+async def _call(client: UpstreamClient, targets: Sequence[Target], path: str,
+                build: Callable[[Target], dict[str, Any] | aiohttp.FormData]) -> tuple[bytes, Target, str]:
+    """The first upstream's answer, asking one at a time: the body names that upstream's own model (a form
+    field, ElevenLabs' model_id), which UpstreamClient only rewrites in JSON bodies."""
+    failures: list[UpstreamError] = []
+    for target in targets:
+        body = build(target)
+        try:
+            if isinstance(body, aiohttp.FormData):
+                return await client.request([target], path, form=body, raw=True)
+            return await client.request([target], path, json_body=body, raw=True)
+        except UpstreamError as exc:
+            if exc.status == 400:
+                raise  # the request's fault: the next upstream would refuse it too
+            failures.append(exc)
+    if len(failures) == 1:
+        raise failures[0]
+    status = 504 if any(f.status == 504 for f in failures) else 502
+    raise UpstreamError("; ".join(f.message for f in failures) or "no upstream configured", status)
+
+
+def _json_answer(raw: bytes, required: str) -> dict[str, Any]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or required not in answer:
+        raise UpstreamError(f"the model provider answered without '{required}'", 502)
+    return answer
+
+
+def _cost(usd: Decimal) -> Decimal:
+    """Upstream cost for the ledger, to a fixed 10 places (its column holds 32 characters)."""
+    return usd.quantize(COST_STEP)
+
+
+def _usage(target: Target, facts: dict[str, Any], upstream: Any = None) -> dict[str, Any]:
+    """For the ledger: the upstream's own usage report (if any), then what we measured."""
+    reported = upstream if isinstance(upstream, dict) else {}
+    return {**reported, "provider": target.provider, "upstream_model": target.model, **facts}
+
+
+# ---------------------------------------------------------------------------------------------- operations
+
+
+def make_speech_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    def validate(body: dict[str, Any]) -> None:
+        _string(body, "input", required=True, max_len=SPEECH_MAX_CHARS)
+        voice = body.get("voice")
+        if not (isinstance(voice, str) and voice) and not (isinstance(voice, dict)
+                                                           and isinstance(voice.get("id"), str)):
+            raise SkillInputError("'voice' must be a voice name (e.g. alloy) or {\"id\": a custom voice id}",
+                                  "voice")
+        _choice(body, "response_format", tuple(SPEECH_FORMATS))
+        _number(body, "speed", 0.25, 4.0)
+        _string(body, "instructions")
+        _choice(body, "stream_format", ("audio",))  # raw audio only; "sse" is not relayed
+
+    def price(body: dict[str, Any]) -> Decimal:
+        targets()  # 503 naming what would enable the model, before any quote
+        return speech_price(body, spec)
+
+    async def run(body: dict[str, Any]) -> SkillResult:
+        audio, target, content_type = await client.request(targets(), "/audio/speech", json_body=body,
+                                                           raw=True)
+        if not audio or content_type.startswith(("application/json", "text/")):
+            raise UpstreamError("the model provider answered without audio", 502)
+        fmt = body.get("response_format") or "mp3"
+        media_type = content_type if content_type.startswith("audio/") else SPEECH_FORMATS[fmt]
+        chars = len(body["input"])
+        return SkillResult(body=audio, media_type=media_type,
+                           usage=_usage(target, {"characters": chars, "response_format": fmt,
+                                                        "bytes": len(audio)}),
+                           upstream_cost_usd=_cost(Decimal(chars) * spec.prices.per_mchars / MILLION))
+
+    return Operation("audio.speech", run, price, validate)
+
+
+def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    """Transcription (task "transcriptions") or translation into English ("translations")."""
+    name = f"audio.{task}"
+
+    def validate(body: dict[str, Any]) -> None:
+        upload = _upload(body.get("file"), "file")
+        if upload.seconds is None:
+            raise SkillInputError(f"cannot read the duration of '{upload.filename}', which this route is "
+                                  "priced by; send WAV, MP3, FLAC, Ogg (Opus, Vorbis) or M4A/MP4 audio",
+                                  "file")
+        _choice(body, "response_format", TRANSCRIPTION_FORMATS)
+        _string(body, "prompt")
+        _number(body, "temperature", 0, 1)
+        _no_stream(body)
+        if task == "transcriptions":
+            _string(body, "language", max_len=16)
+            for field in ("timestamp_granularities", "include"):
+                values = body.get(field)
+                if values is not None and (not isinstance(values, list)
+                                           or not all(isinstance(v, str) for v in values)):
+                    raise SkillInputError(f"'{field}' must be an array of strings", field)
+
+    def price(body: dict[str, Any]) -> Decimal:
+        targets()
+        return transcription_price(body, spec)
+
+    async def run(body: dict[str, Any]) -> SkillResult:
+        upload: UploadedFile = body["file"]
+        raw, target, content_type = await _call(client, targets(), f"/audio/{task}",
+                                                lambda t: _form(t, body, {"file": [upload]}))
+        seconds = upload.seconds or Decimal(0)
+        cost = _cost(seconds * spec.prices.per_minute / 60)
+        facts = {"audio_seconds": float(round(seconds, 3))}
+        if (body.get("response_format") or "json") in ("json", "verbose_json"):
+            answer = _json_answer(raw, "text")
+            return SkillResult(body=answer, usage=_usage(target, facts, answer.get("usage")),
+                               upstream_cost_usd=cost)
+        media_type = content_type if content_type.startswith("text/") else TEXT_MEDIA_TYPE
+        return SkillResult(body=raw, media_type=media_type, usage=_usage(target, facts),
+                           upstream_cost_usd=cost)
+
+    return Operation(name, run, price, validate)
+
+
+def make_transcription_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    return _make_audio_text_operation("transcriptions", spec, targets, client)
+
+
+def make_translation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    return _make_audio_text_operation("translations", spec, targets, client)
+
+
+def make_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    """Sound effects / music from a prompt, on ElevenLabs (the catalog gives this operation no other kind
+    of upstream, so every target here is an ElevenLabs one)."""
+
+    def validate(body: dict[str, Any]) -> None:
+        _string(body, "prompt", required=True)
+        _number(body, "duration_seconds", MIN_SECONDS, MAX_SECONDS)
+        _number(body, "prompt_influence", 0, 1)
+        if body.get("loop") is not None and not isinstance(body["loop"], bool):
+            raise SkillInputError("'loop' must be true or false", "loop")
+
+    def price(body: dict[str, Any]) -> Decimal:
+        targets()
+        return generation_price(body, spec)
+
+    async def run(body: dict[str, Any]) -> SkillResult:
+        eleven = [ElevenLabsTarget.of(t) for t in targets()]
+        audio, target, content_type = await _call(client, eleven, SOUND_PATH, lambda t: sound_body(
+            t, body["prompt"], duration_seconds=body.get("duration_seconds"),
+            prompt_influence=body.get("prompt_influence"), loop=body.get("loop")))
+        if not audio or not content_type.startswith("audio/"):
+            raise UpstreamError("the sound provider answered without audio", 502)
+        seconds = audio_duration(audio)
+        return SkillResult(
+            body=audio, media_type=content_type.split(";")[0].strip() or MEDIA_TYPE,
+            usage=_usage(target, {"duration_seconds": body.get("duration_seconds"), "bytes": len(audio),
+                                  "audio_seconds": None if seconds is None else float(round(seconds, 3))}),
+            upstream_cost_usd=_cost(generation_price(body, spec)))
+
+    return Operation("audio.generations", run, price, validate)
+
+
+def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: Any) -> SkillResult:
+    answer = _json_answer(raw, "data")
+    images = answer["data"]
+    if not isinstance(images, list):
+        raise UpstreamError("the model provider answered without images", 502)
+    one = spec.prices.image_price(body.get("size"), body.get("quality")) or Decimal(0)
+    facts = {"images": len(images), "size": body.get("size"), "quality": body.get("quality")}
+    return SkillResult(body=answer, usage=_usage(target, facts, answer.get("usage")),
+                       upstream_cost_usd=_cost(one * len(images)))
+
+
+def make_image_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    def validate(body: dict[str, Any]) -> None:
+        _image_options(body, spec)
+
+    def price(body: dict[str, Any]) -> Decimal:
+        targets()
+        return image_price(body, spec)
+
+    async def run(body: dict[str, Any]) -> SkillResult:
+        raw, target, _ = await client.request(targets(), "/images/generations", json_body=body, raw=True)
+        return _image_result(raw, target, body, spec)
+
+    return Operation("images.generations", run, price, validate)
+
+
+def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+    def validate(body: dict[str, Any]) -> None:
+        _uploads(body.get("image"), "image", MAX_EDIT_IMAGES)
+        if body.get("mask") is not None:
+            _upload(body["mask"], "mask")
+        _image_options(body, spec)
+
+    def price(body: dict[str, Any]) -> Decimal:
+        targets()
+        return image_price(body, spec)
+
+    async def run(body: dict[str, Any]) -> SkillResult:
+        images = _uploads(body["image"], "image", MAX_EDIT_IMAGES)
+        files = {"image" if len(images) == 1 else "image[]": images}
+        if body.get("mask") is not None:
+            files["mask"] = [body["mask"]]
+        fields = {k: v for k, v in body.items() if k not in ("image", "mask")}
+        raw, target, _ = await _call(client, targets(), "/images/edits", lambda t: _form(t, fields, files))
+        return _image_result(raw, target, body, spec)
+
+    return Operation("images.edits", run, price, validate)
+
+
+FACTORIES: dict[str, Callable[[Any, Targets, UpstreamClient], Operation]] = {
+    "audio.speech": make_speech_operation,
+    "audio.transcriptions": make_transcription_operation,
+    "audio.translations": make_translation_operation,
+    "audio.generations": make_generation_operation,
+    "images.generations": make_image_generation_operation,
+    "images.edits": make_image_edit_operation,
+}
