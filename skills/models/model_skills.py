@@ -58,8 +58,6 @@ def _targets_for(catalog: Any, spec: Any, env: Mapping[str, str]) -> Any:
         found = []
         for upstream in spec.upstreams:
             provider = catalog.providers[upstream.provider]
-            if provider.kind != "openai":
-                continue
             key = provider.api_key(env)
             if provider.key_required and not key:
                 continue
