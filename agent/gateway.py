@@ -25,7 +25,7 @@ from payments.money import usd_to_atomic
 from payments.processor import Matched, PaymentProcessor, payment_key
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
 from skills.registry import SkillRegistry
-from skills.skill import Operation, Skill, SkillResult
+from skills.skill import Operation, Skill, SkillResult, StreamUsage
 
 from .timing import Timings
 
@@ -178,7 +178,7 @@ class Gateway:
                 if streaming:
                     assert op.streamer is not None
                     chunks = op.streamer(payload)
-                    first = await _first(chunks)
+                    first = await _next(chunks)
                     result = SkillResult(body=None, media_type="text/event-stream")
                 else:
                     result = await op.run(payload)
@@ -217,21 +217,25 @@ class Gateway:
         ledger, started = self.ledger, t
 
         async def rest() -> AsyncIterator[Any]:
-            sent, complete = 0, False
+            sent, complete, reported = 0, False, StreamUsage(None)
             try:
-                if first is not _END:
-                    yield first
-                    sent += 1
-                async for chunk in chunks:
-                    yield chunk
-                    sent += 1
+                chunk = first
+                while chunk is not _END:
+                    if isinstance(chunk, StreamUsage):
+                        reported = chunk
+                    else:
+                        yield chunk
+                        sent += 1
+                    chunk = await _next(chunks)
                 complete = True
             finally:
-                usage = {"chunks": sent, "delivery": "complete" if complete else "partial"}
+                usage = {**(reported.usage or {}), "chunks": sent,
+                         "delivery": "complete" if complete else "partial"}
+                cost = reported.upstream_cost_usd
                 # A client that left cancels this generator, and further awaits here would be
                 # cancelled too: the ledger write runs as its own task so it is not lost.
-                _detach(ledger.record_usage(row_id, latency_ms=round(started.total_ms()),
-                                            usage=usage))
+                _detach(ledger.record_usage(row_id, latency_ms=round(started.total_ms()), usage=usage,
+                                            upstream_cost_usd=None if cost is None else str(cost)))
                 if not complete:
                     await chunks.aclose()
 
@@ -277,7 +281,8 @@ class Gateway:
             try:
                 skill.validate(payload, req.operation)
                 if req.stream and op.streamer is not None:
-                    return Delivered(t, SkillResult(body=None), stream=op.streamer(payload))
+                    return Delivered(t, SkillResult(body=None),
+                                     stream=_without_usage(op.streamer(payload)))
                 return Delivered(t, await op.run(payload))
             except SkillInputError as exc:
                 return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
@@ -298,7 +303,14 @@ def _detach(coro: Any) -> None:
     task.add_done_callback(_DETACHED.discard)
 
 
-async def _first(chunks: AsyncIterator[Any]) -> Any:
+async def _without_usage(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A free call's stream: nothing to record, so the StreamUsage item is dropped."""
+    async for chunk in chunks:
+        if not isinstance(chunk, StreamUsage):
+            yield chunk
+
+
+async def _next(chunks: AsyncIterator[Any]) -> Any:
     try:
         return await chunks.__anext__()
     except StopAsyncIteration:

@@ -26,6 +26,15 @@ class SkillResult:
     upstream_cost_usd: Decimal | None = None
 
 
+@dataclass(frozen=True)
+class StreamUsage:
+    """A streamer's last item: usage and upstream cost for the ledger. The pipeline keeps it; the
+    caller never sees it."""
+
+    usage: dict[str, Any] | None
+    upstream_cost_usd: Decimal | None = None
+
+
 Runner = Callable[[Payload], Awaitable[SkillResult]]
 Streamer = Callable[[Payload], AsyncIterator[Any]]
 Validator = Callable[[Payload], None]

@@ -234,7 +234,7 @@ def test_provider_presets_and_base_url_override(catalog: Catalog) -> None:
         "mistral": ("https://api.mistral.ai/v1", "MISTRAL_API_KEY"),
         "xai": ("https://api.x.ai/v1", "XAI_API_KEY"),
         "fireworks": ("https://api.fireworks.ai/inference/v1", "FIREWORKS_API_KEY"),
-        "elevenlabs": ("https://api.elevenlabs.io/v1", "ELEVENLABS_API_KEY"),
+        "elevenlabs": ("https://api.elevenlabs.io", "ELEVENLABS_API_KEY"),
     }
     for key, (url, key_env) in expected.items():
         assert (p[key].resolved_base_url({}), p[key].api_key_env, p[key].key_required) == (url, key_env, True)
@@ -315,3 +315,12 @@ def test_model_spec_is_a_plain_value(catalog: Catalog) -> None:
                                                                ("openrouter", "openai/gpt-4o-mini")]
     assert spec.operations == ("chat.completions", "edits")
     assert (spec.context_window, spec.max_output_tokens) == (128000, 16384)
+
+
+def test_upstream_cost_takes_the_margin_off_and_fits_the_ledger_column() -> None:
+    marked = load_catalog(margin=Decimal("0.25")).models["gpt-4o-mini"]
+    plain = load_catalog().models["gpt-4o-mini"]
+    sold = Decimal(1234) * marked.prices.input_per_mtok / 1_000_000
+    assert marked.upstream_cost(sold) == (Decimal(1234) * plain.prices.input_per_mtok
+                                          / 1_000_000).quantize(Decimal("1e-10"))
+    assert len(str(marked.upstream_cost(Decimal(1) / Decimal(3)))) <= 32

@@ -243,3 +243,24 @@ def test_the_quote_covers_every_choice_and_the_upstream_is_capped_at_what_was_pa
     sent = [q for q in env.primary.requests + env.fallback.requests
             if q.path.endswith("/chat/completions")][-1]
     assert sent.json["max_tokens"] == load_catalog().models["gpt-4o-mini"].default_max_tokens
+
+
+def test_a_stream_records_the_upstreams_usage_even_when_the_caller_did_not_ask_for_it(env: Env) -> None:
+    body = {"model": "gpt-4o-mini", "messages": MESSAGES, "max_tokens": 30, "stream": True}
+    r = _paid_post(env, body)
+    assert r.status_code == 200, r.text
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks and all("usage" not in c and c["choices"] for c in chunks)  # as OpenAI sends it
+    upstream = [q for q in (*env.primary.requests, *env.fallback.requests)
+                if q.path.endswith("/chat/completions")][-1]
+    assert upstream.json["stream_options"] == {"include_usage": True}  # asked for the ledger's sake
+    row = env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")[-1]
+    usage = json.loads(row["usage"])
+    assert usage["delivery"] == "complete" and usage["chunks"] == len(chunks)
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
+    spec = load_catalog().models["gpt-4o-mini"]
+    expected = (Decimal(usage["prompt_tokens"]) * spec.prices.input_per_mtok
+                + Decimal(usage["completion_tokens"]) * spec.prices.output_per_mtok) / 1_000_000
+    assert Decimal(row["upstream_cost_usd"]) == expected.quantize(Decimal("1e-10"))

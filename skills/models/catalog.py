@@ -88,6 +88,9 @@ class Upstream:
     model: str
 
 
+COST_STEP = Decimal("1e-10")
+
+
 @dataclass(frozen=True)
 class ModelPrices:
     """USD prices of one model (margin included). `source` says whether genai-prices supplied any."""
@@ -163,6 +166,12 @@ class ModelSpec:
     upstreams: tuple[Upstream, ...]
     prices: ModelPrices
     notes: str = ""
+    margin_factor: Decimal = Decimal(1)  # `prices` are the upstream's times this
+
+    def upstream_cost(self, usd_at_our_prices: Decimal) -> Decimal:
+        """What the upstream charged for a usage we priced at `usd_at_our_prices`: the margin taken
+        off, to 10 places (the ledger column holds 32 characters)."""
+        return (usd_at_our_prices / self.margin_factor).quantize(COST_STEP)
 
     def price_for(self, operation: str) -> bool:
         """True when the model lists `operation` and has a price > 0 for it."""
@@ -227,7 +236,7 @@ def load_catalog(path: Path | None = None, *, margin: Decimal = Decimal("0"),
                        f"(needs {' / '.join(fields_needed)})")
             catalog.warnings.append(message)  # the app logs these at startup
             continue
-        catalog.models[spec.id] = replace(spec, prices=priced.scaled(factor))
+        catalog.models[spec.id] = replace(spec, prices=priced.scaled(factor), margin_factor=factor)
     return catalog
 
 

@@ -13,7 +13,7 @@ from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 from ..errors import SkillInputError, UpstreamError
-from ..skill import Operation, SkillResult
+from ..skill import Operation, SkillResult, StreamUsage
 from ..tokens import estimate_messages
 from .upstream import Target, UpstreamClient
 
@@ -102,14 +102,36 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
         return SkillResult(body=answer, usage=_usage(usage, target),
                            upstream_cost_usd=_cost(usage, spec))
 
-    async def stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        async for event in client.stream(_require(targets, spec), "/chat/completions",
-                                         {**_capped(body, spec), "stream": True}):
-            if "model" in event:
-                event["model"] = spec.id
-            yield event
+    def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
+        return metered_stream(client, _require(targets, spec), "/chat/completions", body, spec)
 
     return Operation("chat.completions", run, price, validate, stream)
+
+
+async def metered_stream(client: UpstreamClient, targets: Sequence[Target], path: str,
+                         body: dict[str, Any], spec: Any) -> AsyncIterator[Any]:
+    """An OpenAI token stream passed through chunk by chunk. The upstream is always asked for its
+    usage report (the ledger wants it); the caller sees that report only if it asked for it. The
+    last item is a StreamUsage for the pipeline."""
+    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+    wants_usage = options.get("include_usage") is True
+    upstream_body = {**_capped(body, spec), "stream": True,
+                     "stream_options": {**options, "include_usage": True}}
+    served: list[Target] = []
+    usage: dict[str, Any] | None = None
+    async for event in client.stream(targets, path, upstream_body, on_start=served.append):
+        if "model" in event:
+            event["model"] = spec.id
+        if "usage" in event:
+            if isinstance(event["usage"], dict):
+                usage = event["usage"]
+            if not wants_usage:
+                if not event.get("choices"):
+                    continue  # the usage-only last chunk the caller did not ask for
+                event = {k: v for k, v in event.items() if k != "usage"}
+        yield event
+    if served:
+        yield StreamUsage(_usage(usage, served[0]), _cost(usage, spec))
 
 
 def _capped(body: dict[str, Any], spec: Any) -> dict[str, Any]:
@@ -132,6 +154,6 @@ def _usage(usage: dict[str, Any] | None, target: Target) -> dict[str, Any]:
 def _cost(usage: dict[str, Any] | None, spec: Any) -> Decimal | None:
     if not usage:
         return None
-    prices = spec.prices
-    return (Decimal(int(usage.get("prompt_tokens", 0))) * prices.input_per_mtok
-            + Decimal(int(usage.get("completion_tokens", 0))) * prices.output_per_mtok) / MILLION
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    in_price, out_price = spec.prices.token_prices(prompt)
+    return spec.upstream_cost((prompt * (in_price or 0) + completion * (out_price or 0)) / MILLION)

@@ -43,7 +43,6 @@ TRANSCRIPTION_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 MAX_IMAGES = 10  # OpenAI's bound for `n`
 MAX_EDIT_IMAGES = 16  # gpt-image-1 takes up to 16 input images
 TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
-COST_STEP = Decimal("1e-10")
 
 
 class UploadedFile(dict[str, Any]):
@@ -255,11 +254,6 @@ def _json_answer(raw: bytes, required: str) -> dict[str, Any]:
     return answer
 
 
-def _cost(usd: Decimal) -> Decimal:
-    """Upstream cost for the ledger, to a fixed 10 places (its column holds 32 characters)."""
-    return usd.quantize(COST_STEP)
-
-
 def _usage(target: Target, facts: dict[str, Any], upstream: Any = None) -> dict[str, Any]:
     """For the ledger: the upstream's own usage report (if any), then what we measured."""
     reported = upstream if isinstance(upstream, dict) else {}
@@ -297,7 +291,8 @@ def make_speech_operation(spec: Any, targets: Targets, client: UpstreamClient) -
         return SkillResult(body=audio, media_type=media_type,
                            usage=_usage(target, {"characters": chars, "response_format": fmt,
                                                         "bytes": len(audio)}),
-                           upstream_cost_usd=_cost(Decimal(chars) * spec.prices.per_mchars / MILLION))
+                           upstream_cost_usd=spec.upstream_cost(
+                               Decimal(chars) * spec.prices.per_mchars / MILLION))
 
     return Operation("audio.speech", run, price, validate)
 
@@ -333,7 +328,7 @@ def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: U
         raw, target, content_type = await _call(client, targets(), f"/audio/{task}",
                                                 lambda t: _form(t, body, {"file": [upload]}))
         seconds = upload.seconds or Decimal(0)
-        cost = _cost(seconds * spec.prices.per_minute / 60)
+        cost = spec.upstream_cost(seconds * spec.prices.per_minute / 60)
         facts = {"audio_seconds": float(round(seconds, 3))}
         if (body.get("response_format") or "json") in ("json", "verbose_json"):
             answer = _json_answer(raw, "text")
@@ -381,7 +376,7 @@ def make_generation_operation(spec: Any, targets: Targets, client: UpstreamClien
             body=audio, media_type=content_type.split(";")[0].strip() or MEDIA_TYPE,
             usage=_usage(target, {"duration_seconds": body.get("duration_seconds"), "bytes": len(audio),
                                   "audio_seconds": None if seconds is None else float(round(seconds, 3))}),
-            upstream_cost_usd=_cost(generation_price(body, spec)))
+            upstream_cost_usd=spec.upstream_cost(generation_price(body, spec)))
 
     return Operation("audio.generations", run, price, validate)
 
@@ -394,7 +389,7 @@ def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: Any) -
     one = spec.prices.image_price(body.get("size"), body.get("quality")) or Decimal(0)
     facts = {"images": len(images), "size": body.get("size"), "quality": body.get("quality")}
     return SkillResult(body=answer, usage=_usage(target, facts, answer.get("usage")),
-                       upstream_cost_usd=_cost(one * len(images)))
+                       upstream_cost_usd=spec.upstream_cost(one * len(images)))
 
 
 def make_image_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:

@@ -17,7 +17,18 @@ from typing import Any
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_messages, estimate_tokens
-from .chat import MAX_USD, MILLION, MIN_USD, Targets, _cost, _usage, output_budget, validate_chat
+from .chat import (
+    MAX_USD,
+    MILLION,
+    MIN_USD,
+    Targets,
+    _capped,
+    _cost,
+    _usage,
+    metered_stream,
+    output_budget,
+    validate_chat,
+)
 from .upstream import UpstreamClient
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
@@ -118,17 +129,14 @@ def make_completions_operation(spec: Any, targets: Targets, client: UpstreamClie
 
     async def run(body: dict[str, Any]) -> SkillResult:
         answer, target, _ = await client.request(targets(), "/completions",
-                                                 json_body={**body, "stream": False})
+                                                 json_body={**_capped(body, spec), "stream": False})
         _choices_of(answer)
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         return SkillResult(body=answer, usage=_usage(usage, target), upstream_cost_usd=_cost(usage, spec))
 
-    async def stream(body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        async for event in client.stream(targets(), "/completions", {**body, "stream": True}):
-            if "model" in event:
-                event["model"] = spec.id
-            yield event
+    def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
+        return metered_stream(client, targets(), "/completions", body, spec)
 
     return Operation("completions", run, price, validate, stream)
 
@@ -241,7 +249,8 @@ def make_embeddings_operation(spec: Any, targets: Targets, client: UpstreamClien
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         cost = None
         if usage and spec.prices.input_per_mtok is not None:
-            cost = Decimal(int(usage.get("prompt_tokens") or 0)) * spec.prices.input_per_mtok / MILLION
+            cost = spec.upstream_cost(
+                Decimal(int(usage.get("prompt_tokens") or 0)) * spec.prices.input_per_mtok / MILLION)
         return SkillResult(body=answer, usage=_usage(usage, target), upstream_cost_usd=cost)
 
     return Operation("embeddings", run, price, validate)

@@ -13,7 +13,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,10 +144,12 @@ class UpstreamClient:
             self._failed(target)
         raise self._exhausted(errors)
 
-    async def stream(self, targets: Sequence[Target], path: str, body: dict[str, Any]
+    async def stream(self, targets: Sequence[Target], path: str, body: dict[str, Any], *,
+                     on_start: Callable[[Target], None] | None = None
                      ) -> AsyncIterator[dict[str, Any]]:
         """Server-sent JSON events from the first upstream that starts streaming. Falls back only
-        before the first event; a failure after it raises UpstreamError (the caller has bytes)."""
+        before the first event; a failure after it raises UpstreamError (the caller has bytes).
+        `on_start` hears which upstream is serving, once its first event is in."""
         errors: list[_Attempt] = []
         async for target, attempt in self._each(targets):
             if attempt:
@@ -162,6 +164,8 @@ class UpstreamClient:
                         if not started:
                             started = True
                             self._ok(target)
+                            if on_start is not None:
+                                on_start(target)
                         yield event
                     return
             except _Attempt as exc:
