@@ -216,6 +216,8 @@ class PaywireExecutor(AgentExecutor):
         if isinstance(outcome, Delivered):
             body = outcome.result.body
             parts: list[Part] = []
+            if isinstance(body, bytes | bytearray) and _is_json(outcome.result.media_type):
+                body = _json_or_bytes(bytes(body))  # a forwarded upstream's JSON: a data part
             if isinstance(body, bytes | bytearray):
                 parts.append(Part(raw=bytes(body), media_type=outcome.result.media_type))
             else:
@@ -261,6 +263,18 @@ class PaywireExecutor(AgentExecutor):
             raise TaskNotCancelableError(
                 message="only a task waiting for payment can be canceled; paid calls run to the end")
         await TaskUpdater(event_queue, task.id, task.context_id).cancel()
+
+
+def _is_json(media_type: str) -> bool:
+    kind = media_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
+
+
+def _json_or_bytes(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _take_ownership(context: RequestContext, payer: str) -> None:

@@ -28,7 +28,8 @@ from skills.models.catalog import load_catalog
 from skills.models.model_skills import build_model_skills
 from skills.models.upstream import UpstreamClient
 from skills.registry import SkillRegistry
-from skills.resource_files import BUILTIN_DIR, load_resource_dirs
+from skills.resource_context import ResourceContext
+from skills.resource_files import BUILTIN_DIR, load_entry_points, load_resource_dirs
 from wellknown import agent_card
 
 from .a2a_http import A2AHttpLayer
@@ -97,10 +98,15 @@ def make_engine(url: str) -> AsyncEngine:
     return create_async_engine(url, pool_pre_ping=True)
 
 
-def build_registry(settings: Settings, upstreams: UpstreamClient) -> SkillRegistry:
-    """Marketplace resources from their files, then every sellable model of the model table."""
+def build_registry(settings: Settings, upstreams: UpstreamClient,
+                   context: ResourceContext | None = None) -> SkillRegistry:
+    """Marketplace resources (built-in files, the operator's folders, installed packages), then
+    every sellable model of the model table."""
     registry = SkillRegistry()
-    load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs])
+    context = context or ResourceContext(environ=settings.environ)
+    context.find_skill = registry.get
+    load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs], context)
+    load_entry_points(registry, context)
     catalog = load_catalog(settings.models_file, margin=settings.model_margin)
     for warning in catalog.warnings:
         log.warning("model table: %s", warning)
@@ -173,7 +179,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     engine = make_engine(settings.db_url)
     ledger = Ledger(engine)
     upstreams = UpstreamClient()
-    registry = build_registry(settings, upstreams)
+    resources = ResourceContext(environ=settings.environ)
+    registry = build_registry(settings, upstreams, resources)
     processor = build_payments(settings, devnet)
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     gateway = Gateway(registry, processor, ledger)
@@ -189,6 +196,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         yield
         await a2a_handler.aclose()
         await upstreams.aclose()
+        await resources.aclose()
         await engine.dispose()
 
     async def health(request: Request) -> Response:

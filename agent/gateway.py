@@ -23,7 +23,7 @@ from payments.codec import PaymentHeaderError, decode_payment_header
 from payments.ledger import AlreadyUsed, ClaimRequest, Ledger
 from payments.money import usd_to_atomic
 from payments.processor import Matched, PaymentProcessor, payment_key
-from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
+from skills.errors import SkillInputError, SkillUnavailableError, UpstreamAnswer, UpstreamError
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
 
@@ -78,6 +78,7 @@ class Refused(Outcome):
     code: str
     message: str
     param: str | None = None
+    raw: tuple[bytes, str] | None = None  # an upstream's own answer (body, type), passed on as is
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -119,6 +120,8 @@ class Gateway:
                 return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
             except UpstreamError as exc:  # e.g. no provider configured: refused before a quote
                 return Refused(t, exc.status, "skill_unavailable", exc.message)
+            except SkillUnavailableError as exc:  # e.g. a resource's upstream key is not set
+                return Refused(t, 503, "skill_unavailable", str(exc))
             resource = self.resource_info(skill, req.resource_url)
         if atomic == 0:
             return await self._run_free(t, skill, op, req, payload)
@@ -197,6 +200,10 @@ class Gateway:
         if isinstance(exc, SkillUnavailableError):
             await self.ledger.release(row_id, str(exc))
             return Refused(t, 503, "skill_unavailable", str(exc))
+        if isinstance(exc, UpstreamAnswer):
+            await self.ledger.release(row_id, exc.message)
+            return Refused(t, exc.status, "upstream_answer", f"{exc.message}; nothing was charged",
+                           raw=(exc.body, exc.media_type))
         if isinstance(exc, UpstreamError):
             await self.ledger.release(row_id, exc.message)
             return Refused(t, exc.status, "upstream_error", f"{exc.message}; nothing was charged")

@@ -90,6 +90,9 @@ def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None) -> 
             body["reason"] = outcome.reason
         return JSONResponse(body, 402, headers)
     assert isinstance(outcome, Refused)
+    if outcome.raw is not None:
+        raw, media_type = outcome.raw
+        return Response(raw, outcome.status, headers, media_type)
     body = error_body(outcome.status, outcome.code, outcome.message, outcome.param)
     if error_wrapper is not None:
         body = error_wrapper | body

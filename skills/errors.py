@@ -34,3 +34,13 @@ class UpstreamError(SkillError):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+class UpstreamAnswer(UpstreamError):
+    """A forwarded upstream's non-2xx answer, handed to the caller as it is (status, body, type);
+    the call did not deliver, so it is not charged."""
+
+    def __init__(self, status: int, body: bytes, media_type: str, message: str) -> None:
+        super().__init__(message, status)
+        self.body = body
+        self.media_type = media_type

@@ -1,33 +1,39 @@
 """Marketplace resources as data files: adding a resource is adding a file.
 
 A resource file is JSON with: id, name, description, categories, price (a decimal string, USD per
-call), method, input_schema (JSON Schema for the request body), and a `kind` with its own
-settings. Kinds so far:
-- `python`: `handler` names a module (or `module:object`) exposing `validate(payload)` and
-  `async run(payload) -> dict | SkillResult`, and optionally `stream(payload)`, an async
-  generator of chunks, for callers that ask for a stream.
-- `planned`: listed and quoted, but a paid call answers 503 and charges nothing.
+call), method, input_schema (JSON Schema for the request body), optional examples and tags, and a
+`kind` with its own settings (skills/kinds: `python`, `forward`, `prompted`; docs/resources.md).
+
+Resources come from the built-in folder, from the folders named by PAYWIRE_RESOURCE_DIRS, and
+from installed packages through the `paywire.resources` entry-point group.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.metadata
 import json
 import re
 from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
 from .errors import SkillUnavailableError
+from .kinds import KINDS
 from .registry import SkillRegistry
+from .resource_context import ResourceContext
 from .skill import Payload, Skill, SkillResult
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+ENTRY_POINT_GROUP = "paywire.resources"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _METHODS = {"POST", "GET"}
-_KINDS = {"python", "planned"}
 _REQUIRED = ("id", "name", "description", "categories", "price", "method", "kind")
+_PLANNED = "planned"  # listed and quoted; a paid call answers 503 and charges nothing
 
 
 class ResourceFileError(ValueError):
@@ -46,10 +52,8 @@ def check_resource(data: Any, path: str = "<resource>") -> list[str]:
     problems = [f"missing field '{k}'" for k in _REQUIRED if k not in data]
     rid = data.get("id")
     if "id" in data and (not isinstance(rid, str) or not _ID.match(rid)):
-        problems.append(
-            "field 'id' must be lowercase letters, digits, '.', '_' or '-' (at most 128), "
-            f"got {rid!r}"
-        )
+        problems.append("field 'id' must be lowercase letters, digits, '.', '_' or '-' (at most 128), "
+                        f"got {rid!r}")
     for key in ("name", "description"):
         if key in data and (not isinstance(data[key], str) or not data[key].strip()):
             problems.append(f"field '{key}' must be a non-empty string")
@@ -59,95 +63,69 @@ def check_resource(data: Any, path: str = "<resource>") -> list[str]:
     ):
         problems.append("field 'categories' must be a non-empty list of strings")
     if "price" in data:
-        price = data["price"]
-        if not isinstance(price, str):
-            problems.append(
-                f"field 'price' must be a decimal string such as \"0.0115\" (USD), got {price!r}"
-            )
-        else:
-            try:
-                value = Decimal(price)
-                if not value.is_finite() or value <= 0:
-                    problems.append("field 'price' must be greater than 0")
-            except ArithmeticError:
-                problems.append(f"field 'price' is not a decimal number: {price!r}")
+        problems += _price_problems(data["price"])
     if "method" in data and data["method"] not in _METHODS:
         problems.append(f"field 'method' must be one of {sorted(_METHODS)}")
     schema = data.get("input_schema", {"type": "object"})
     if not isinstance(schema, dict):
         problems.append("field 'input_schema' must be a JSON Schema object")
     else:
-        from jsonschema import Draft202012Validator
-        from jsonschema.exceptions import SchemaError
-
         try:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
             problems.append(f"field 'input_schema' is not a valid JSON Schema: {exc.message}")
+    examples = data.get("examples", [])
+    if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
+        problems.append("field 'examples' must be a list of example request bodies (objects)")
     kind = data.get("kind")
-    if "kind" in data and kind not in _KINDS:
-        problems.append(f"field 'kind' must be one of {sorted(_KINDS)}, got {kind!r}")
-    if kind == "python":
-        handler = data.get("handler")
-        if not isinstance(handler, str) or not handler:
-            problems.append("kind 'python' needs field 'handler': 'package.module[:object]'")
-        else:
-            try:
-                _load_handler(handler)
-            except Exception as exc:  # noqa: BLE001 - explain any import problem to the author
-                problems.append(f"field 'handler' {handler!r} cannot be loaded: {exc}")
+    if "kind" in data:
+        if kind in KINDS:
+            problems += KINDS[kind].check(data)
+        elif kind != _PLANNED:
+            problems.append(f"field 'kind' must be one of {sorted(KINDS)}, got {kind!r}")
     return problems
 
 
-def _load_handler(spec: str) -> Any:
-    module_name, _, attr = spec.partition(":")
-    target: Any = importlib.import_module(module_name)
-    if attr:
-        target = getattr(target, attr)
-    if not callable(getattr(target, "run", None)):
-        raise ValueError("it has no run(payload) function")
-    return target
-
-
-def _runner(handler: Any) -> Any:
-    async def run(payload: Payload) -> SkillResult:
-        result = await handler.run(payload)
-        return result if isinstance(result, SkillResult) else SkillResult(body=result)
-
-    return run
+def _price_problems(price: Any) -> list[str]:
+    if not isinstance(price, str):
+        return [f"field 'price' must be a decimal string such as \"0.0115\" (USD), got {price!r}"]
+    try:
+        value = Decimal(price)
+    except ArithmeticError:
+        return [f"field 'price' is not a decimal number: {price!r}"]
+    return [] if value.is_finite() and value > 0 else ["field 'price' must be greater than 0"]
 
 
 def _planned_runner(resource_id: str) -> Any:
     async def run(payload: Payload) -> SkillResult:
         raise SkillUnavailableError(
             f"resource '{resource_id}' is listed and priced but not available on this gateway "
-            "yet; nothing was charged"
-        )
+            "yet; nothing was charged")
 
     return run
 
 
-def skill_from_resource(data: dict[str, Any], source: str) -> Skill:
+def skill_from_resource(data: dict[str, Any], source: str,
+                        context: ResourceContext | None = None) -> Skill:
     problems = check_resource(data, source)
     if problems:
         raise ResourceFileError(source, problems)
-    categories = tuple(data["categories"])
-    streamer = None
-    if data["kind"] == "python":
-        handler = _load_handler(data["handler"])
-        run = _runner(handler)
-        validator = getattr(handler, "validate", None)
-        streamer = getattr(handler, "stream", None)
+    context = context or ResourceContext()
+    price = Decimal(data["price"])
+    if data["kind"] == _PLANNED:
+        run, validator, streamer, ready = _planned_runner(data["id"]), None, None, None
     else:
-        run = _planned_runner(data["id"])
-        validator = None
+        built = KINDS[data["kind"]].build(data, context)
+        run, validator, streamer, ready = built.run, built.validator, built.streamer, built.ready
+    categories = tuple(data["categories"])
     return Skill(
         id=data["id"],
         name=data["name"],
         description=data["description"],
         categories=categories,
         tags=tuple(data.get("tags") or [c.lower() for c in categories]),
-        price_usd=Decimal(data["price"]),
+        price_usd=price,
+        pricer=_ready_then(ready, price) if ready is not None else None,
         method=data["method"],
         kind="resource",
         input_schema=data.get("input_schema", {"type": "object"}),
@@ -159,16 +137,49 @@ def skill_from_resource(data: dict[str, Any], source: str) -> Skill:
     )
 
 
-def load_resource_file(path: Path) -> Skill:
+def _ready_then(ready: Any, price: Decimal) -> Any:
+    def pricer(payload: Payload) -> Decimal:
+        ready()  # refuse before the quote what cannot run here
+        return price
+
+    return pricer
+
+
+def read_resource_file(path: Path) -> Any:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ResourceFileError(str(path), [f"cannot read JSON: {exc}"]) from None
-    return skill_from_resource(data, str(path))
 
 
-def load_resource_dirs(registry: SkillRegistry, dirs: Iterable[Path]) -> None:
+def load_resource_file(path: Path, context: ResourceContext | None = None) -> Skill:
+    return skill_from_resource(read_resource_file(path), str(path), context)
+
+
+def load_resource_dirs(registry: SkillRegistry, dirs: Iterable[Path],
+                       context: ResourceContext | None = None) -> None:
     """Load every `*.json` resource file of each folder, in name order."""
     for directory in dirs:
+        if not Path(directory).is_dir():
+            raise ResourceFileError(str(directory), ["resource folder does not exist"])
         for path in sorted(Path(directory).glob("*.json")):
-            registry.add(load_resource_file(path))
+            registry.add(load_resource_file(path, context))
+
+
+def load_entry_points(registry: SkillRegistry, context: ResourceContext | None = None,
+                      group: str = ENTRY_POINT_GROUP) -> None:
+    """Resources published by installed packages. An entry point names a package (its folder's
+    `*.json` files are resources), a resource dict, a list of them, or a function returning one."""
+    for entry in importlib.metadata.entry_points(group=group):
+        source = f"entry point '{entry.name}' ({entry.value})"
+        try:
+            target = entry.load()
+        except Exception as exc:  # noqa: BLE001 - name the package that is broken
+            raise ResourceFileError(source, [f"cannot be loaded: {exc}"]) from exc
+        if isinstance(target, ModuleType):
+            folder = Path(getattr(target, "__file__", "") or "").parent
+            load_resource_dirs(registry, [folder], context)
+            continue
+        found = target() if callable(target) else target
+        for data in found if isinstance(found, list) else [found]:
+            registry.add(skill_from_resource(data, source, context))

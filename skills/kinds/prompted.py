@@ -1,0 +1,159 @@
+"""Kind `prompted`: a prompt template run on one of the gateway's chat models (internally: the
+resource's price pays for it), answering JSON that is validated against an output schema.
+
+    "kind": "prompted",
+    "prompted": {
+      "model": "gpt-4o-mini",                   (overridden by the variable in model_env)
+      "model_env": "PAYWIRE_ERROR_EXPLAIN_MODEL",
+      "system": "You explain errors ...",
+      "prompt": "Error:\\n{error}\\nLanguage: {language}",   ({field} = that input field; "" if absent)
+      "output_schema": {JSON Schema of the answer},
+      "max_tokens": 1200,
+      "temperature": 0.2
+    }
+
+The model is asked for structured output (`response_format` json_schema). An answer that is not
+JSON or does not match the schema is retried once, with the problem explained to the model; a
+second bad answer fails the call, and a failed call is not charged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+
+from ..errors import SkillUnavailableError, UpstreamError
+from ..resource_context import ResourceContext
+from ..skill import Payload, SkillResult
+from .base import Behaviour, need_str, positive_number
+
+WHERE = "prompted"
+OPERATION = "chat.completions"
+_FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+
+
+def check(data: dict[str, Any]) -> list[str]:
+    settings = data.get(WHERE)
+    if not isinstance(settings, dict):
+        return ["kind 'prompted' needs field 'prompted': {model, system, prompt, output_schema, ...}"]
+    problems: list[str] = []
+    for key in ("model", "prompt"):
+        need_str(settings, key, WHERE, problems)
+    for key in ("system", "model_env"):
+        need_str(settings, key, WHERE, problems, required=False)
+    schema = settings.get("output_schema")
+    if not isinstance(schema, dict):
+        problems.append("field 'prompted.output_schema' must be a JSON Schema object")
+    else:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            problems.append(f"field 'prompted.output_schema' is not a valid JSON Schema: {exc.message}")
+    tokens = settings.get("max_tokens", 1000)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 100_000:
+        problems.append("field 'prompted.max_tokens' must be a whole number from 1 to 100000")
+    positive_number(settings, "temperature", WHERE, problems, 0.2, most=2)
+    prompt = settings.get("prompt")
+    if isinstance(prompt, str):
+        known = set((data.get("input_schema") or {}).get("properties") or {})
+        for name in sorted(set(_FIELD.findall(prompt)) - known):
+            problems.append(f"field 'prompted.prompt' uses {{{name}}}, which is not a property of "
+                            f"'input_schema' (properties: {', '.join(sorted(known)) or 'none'})")
+    return problems
+
+
+def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
+    settings = data[WHERE]
+    schema = Draft202012Validator(settings["output_schema"])
+    name = data["id"]
+
+    def model_id() -> str:
+        return context.env(settings.get("model_env") or "") or settings["model"]
+
+    def chat() -> Any:
+        model = context.model(model_id())
+        if OPERATION not in model.operations:
+            raise SkillUnavailableError(f"resource '{name}' is set to model '{model.id}', which is "
+                                        "not a chat model; nothing was charged")
+        return model.operations[OPERATION]
+
+    def ready() -> None:
+        # the model's own check: a 503 naming the variable that would enable its provider
+        chat().pricer({"model": model_id(), "messages": [{"role": "user", "content": "."}]})
+
+    async def run(payload: Payload) -> SkillResult:
+        operation = chat()
+        messages = [{"role": "user", "content": render(settings["prompt"], payload)}]
+        if settings.get("system"):
+            messages.insert(0, {"role": "system", "content": settings["system"]})
+        request = {
+            "model": model_id(), "messages": messages,
+            "max_tokens": settings.get("max_tokens", 1000),
+            "temperature": settings.get("temperature", 0.2),
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64],
+                "schema": settings["output_schema"]}},
+        }
+        usages: list[dict[str, Any]] = []
+        cost = Decimal(0)
+        problem = ""
+        for attempt in range(2):
+            result = await operation.run(request)
+            usages.append(result.usage or {})
+            cost += result.upstream_cost_usd or 0
+            content = _content(result.body)
+            answer, problem = _parse(content, schema)
+            if not problem:
+                return SkillResult(body=answer, usage={"model": model_id(), "attempts": attempt + 1,
+                                                       "calls": usages},
+                                   upstream_cost_usd=cost)
+            request = {**request, "messages": [
+                *messages, {"role": "assistant", "content": content},
+                {"role": "user", "content": f"That answer is not valid: {problem}. Answer again "
+                                            "with only the JSON object the schema describes."}]}
+        raise UpstreamError(f"the model gave no valid answer for '{name}' in two attempts "
+                            f"(last problem: {problem})", 502)
+
+    return Behaviour(run=run, ready=ready)
+
+
+def render(template: str, payload: Payload) -> str:
+    """`{field}` -> the input field (strings as they are, anything else as JSON; absent: "")."""
+    def value(match: re.Match[str]) -> str:
+        found = payload.get(match.group(1))
+        if found is None:
+            return ""
+        return found if isinstance(found, str) else json.dumps(found, ensure_ascii=False)
+
+    return _FIELD.sub(value, template)
+
+
+def _content(body: Any) -> str:
+    try:
+        content = body["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise UpstreamError("the model answered without a message", 502) from None
+    return content if isinstance(content, str) else ""
+
+
+def _parse(content: str, schema: Draft202012Validator) -> tuple[Any, str]:
+    """(the answer, "") or (None, what is wrong with it)."""
+    text = content.strip()
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1)
+    try:
+        answer = json.loads(text)
+    except ValueError as exc:
+        return None, f"it is not JSON ({exc.msg} at character {exc.pos})"
+    error = best_match(schema.iter_errors(answer))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "the top level"
+        return None, f"at {where}: {error.message}"
+    return answer, ""
