@@ -125,7 +125,7 @@ def skill_from_resource(data: dict[str, Any], source: str,
         categories=categories,
         tags=tuple(data.get("tags") or [c.lower() for c in categories]),
         price_usd=price,
-        pricer=_ready_then(ready, price) if ready is not None else None,
+        ready=ready,
         method=data["method"],
         kind="resource",
         input_schema=data.get("input_schema", {"type": "object"}),
@@ -135,14 +135,6 @@ def skill_from_resource(data: dict[str, Any], source: str,
         streamer=streamer,
         source=source,
     )
-
-
-def _ready_then(ready: Any, price: Decimal) -> Any:
-    def pricer(payload: Payload) -> Decimal:
-        ready()  # refuse before the quote what cannot run here
-        return price
-
-    return pricer
 
 
 def read_resource_file(path: Path) -> Any:

@@ -76,6 +76,9 @@ class Skill:
     operations: dict[str, Operation] = field(default_factory=dict)
     # Listing facts for the faces (a model's family, prices, context window, availability).
     info: Callable[[], dict[str, Any]] | None = None
+    # Raises SkillUnavailableError when the skill cannot run here (a key is not set); called
+    # before every quote, so nobody pays for a call that cannot deliver.
+    ready: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if self.price_usd is None and self.pricer is None and not self.operations:
@@ -99,6 +102,8 @@ class Skill:
                 f"{', '.join(self.operations)}", "operation") from None
 
     def _own_price(self, payload: Payload) -> Decimal:
+        if self.ready is not None:
+            self.ready()
         if self.pricer is not None:
             return self.pricer(payload)
         assert self.price_usd is not None

@@ -53,3 +53,8 @@ class Streamer:
             await asyncio.to_thread(Streamer.gate.wait, 30)
         for word in words[1:]:
             yield {"object": "chat.completion.chunk", "choices": [{"delta": {"content": " " + word}}]}
+
+
+async def shout(payload: dict[str, Any], context: Any) -> dict[str, Any]:
+    """A `module:function` handler that takes the ResourceContext: reads a setting from it."""
+    return {"text": str(payload.get("text", "")).upper(), "suffix": context.env("TEST_SHOUT_SUFFIX")}
