@@ -165,15 +165,14 @@ def cmd_pay(args: argparse.Namespace) -> int:
 
 
 def cmd_skills_check(args: argparse.Namespace) -> int:
-    from skills.resource_files import check_resource
+    from skills.resource_files import ResourceFileError, check_resource, read_resource_file
 
     worst = 0
-    for name in args.files:
-        path = Path(name)
+    for path in _resource_paths(args.files):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            print(f"{path}: cannot read JSON: {exc}")
+            data = read_resource_file(path)
+        except ResourceFileError as exc:
+            print(f"{path}: {exc.problems[0]}")
             worst = 1
             continue
         problems = check_resource(data, str(path))
@@ -183,8 +182,19 @@ def cmd_skills_check(args: argparse.Namespace) -> int:
             for p in problems:
                 print(f"  - {p}")
         else:
-            print(f"{path}: ok ({data['id']}, ${data['price']} per call)")
+            needs = (data.get("upstream") or {}).get("api_key_env")
+            print(f"{path}: ok ({data['id']}, {data['kind']}, ${data['price']} per call"
+                  + (f"; needs {needs} on the gateway" if needs else "") + ")")
     return worst
+
+
+def _resource_paths(names: list[str]) -> list[Path]:
+    """The files named, and the `*.json` files of the folders named."""
+    paths: list[Path] = []
+    for name in names:
+        path = Path(name)
+        paths += sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return paths
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     skills = sub.add_parser("skills", help="skill authoring tools")
     skills_sub = skills.add_subparsers(dest="skills_command", required=True)
-    check = skills_sub.add_parser("check", help="validate resource files")
+    check = skills_sub.add_parser("check", help="validate resource files (or folders of them)")
     check.add_argument("files", nargs="+")
     check.set_defaults(func=cmd_skills_check)
     return parser

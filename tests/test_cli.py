@@ -154,6 +154,14 @@ def test_skills_check_explains_each_problem(tmp_path: Path) -> None:
         assert needle in out.stdout
 
 
+def test_skills_check_takes_a_folder() -> None:
+    out = subprocess.run([*PAYWIRE, "skills", "check", "skills/builtin"], cwd=ROOT, text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    assert len(out.stdout.splitlines()) == 12
+    assert "v1beta1-token-screener-historical, forward, $0.0115 per call; needs NANSEN_API_KEY" in out.stdout
+
+
 def test_paywire_pay_pays_for_an_a2a_call(served: Served) -> None:
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
         "role": "user", "messageId": "cli-1", "parts": [{"kind": "data", "data": {
