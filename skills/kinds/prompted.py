@@ -13,8 +13,10 @@ resource's price pays for it), answering JSON that is validated against an outpu
     }
 
 The model is asked for structured output (`response_format` json_schema). An answer that is not
-JSON or does not match the schema is retried once, with the problem explained to the model; a
-second bad answer fails the call, and a failed call is not charged.
+JSON or does not match the schema (a refusal, one cut off at max_tokens) is retried once, with the
+problem explained to the model; a second bad answer fails the call, and a failed call is not
+charged. Before any quote the resource answers 503 when its model is not sold here, has no
+provider configured, or cannot take the resource's max_tokens / temperature.
 """
 
 from __future__ import annotations
@@ -27,15 +29,16 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
 
-from ..errors import SkillUnavailableError, UpstreamError
+from ..errors import SkillInputError, SkillUnavailableError, UpstreamError
 from ..resource_context import ResourceContext
 from ..skill import Payload, SkillResult
-from .base import Behaviour, need_str, positive_number
+from .base import Behaviour, need_str
 
 WHERE = "prompted"
 OPERATION = "chat.completions"
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_PROBLEM_CHARS = 500  # a schema error quotes the offending value: keep retries and errors short
 
 
 def check(data: dict[str, Any]) -> list[str]:
@@ -58,14 +61,23 @@ def check(data: dict[str, Any]) -> list[str]:
     tokens = settings.get("max_tokens", 1000)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 100_000:
         problems.append("field 'prompted.max_tokens' must be a whole number from 1 to 100000")
-    positive_number(settings, "temperature", WHERE, problems, 0.2, most=2)
+    temperature = settings.get("temperature", 0.2)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) \
+            or not 0 <= temperature <= 2:
+        problems.append("field 'prompted.temperature' must be a number from 0 to 2")
     prompt = settings.get("prompt")
     if isinstance(prompt, str):
-        known = set((data.get("input_schema") or {}).get("properties") or {})
+        known = _properties(data.get("input_schema"))
         for name in sorted(set(_FIELD.findall(prompt)) - known):
             problems.append(f"field 'prompted.prompt' uses {{{name}}}, which is not a property of "
                             f"'input_schema' (properties: {', '.join(sorted(known)) or 'none'})")
     return problems
+
+
+def _properties(schema: Any) -> set[str]:
+    """The input schema's property names (none when it is not an object: reported elsewhere)."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    return set(properties) if isinstance(properties, dict) else set()
 
 
 def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
@@ -84,22 +96,24 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
         return model.operations[OPERATION]
 
     def ready() -> None:
+        operation = chat()
+        sample = {"model": model_id(), "messages": [{"role": "user", "content": "."}],
+                  "max_tokens": settings.get("max_tokens", 1000),
+                  "temperature": settings.get("temperature", 0.2)}
+        if operation.validator is not None:
+            try:  # a model override whose output cap is below max_tokens: the operator's problem
+                operation.validator(sample)
+            except SkillInputError as exc:
+                raise SkillUnavailableError(f"resource '{name}' is misconfigured for model "
+                                            f"'{model_id()}': {exc.message}; nothing was charged"
+                                            ) from None
         # the model's own check: a 503 naming the variable that would enable its provider
-        chat().pricer({"model": model_id(), "messages": [{"role": "user", "content": "."}]})
+        operation.pricer(sample)
 
     async def run(payload: Payload) -> SkillResult:
         operation = chat()
-        messages = [{"role": "user", "content": render(settings["prompt"], payload)}]
-        if settings.get("system"):
-            messages.insert(0, {"role": "system", "content": settings["system"]})
-        request = {
-            "model": model_id(), "messages": messages,
-            "max_tokens": settings.get("max_tokens", 1000),
-            "temperature": settings.get("temperature", 0.2),
-            "response_format": {"type": "json_schema", "json_schema": {
-                "name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64],
-                "schema": settings["output_schema"]}},
-        }
+        messages = _messages(settings, payload)
+        request = _request(settings, name, model_id(), messages)
         usages: list[dict[str, Any]] = []
         cost = Decimal(0)
         problem = ""
@@ -107,12 +121,15 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
             result = await operation.run(request)
             usages.append(result.usage or {})
             cost += result.upstream_cost_usd or 0
-            content = _content(result.body)
+            content, finish = _content(result.body)
             answer, problem = _parse(content, schema)
             if not problem:
                 return SkillResult(body=answer, usage={"model": model_id(), "attempts": attempt + 1,
                                                        "calls": usages},
                                    upstream_cost_usd=cost)
+            if finish == "length":  # the same budget again would be cut again: ask for less
+                problem = (f"it was cut off at the {request['max_tokens']}-token limit "
+                           f"({problem}); give a shorter answer")
             request = {**request, "messages": [
                 *messages, {"role": "assistant", "content": content},
                 {"role": "user", "content": f"That answer is not valid: {problem}. Answer again "
@@ -121,6 +138,26 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
                             f"(last problem: {problem})", 502)
 
     return Behaviour(run=run, ready=ready)
+
+
+def _messages(settings: dict[str, Any], payload: Payload) -> list[dict[str, str]]:
+    messages = [{"role": "user", "content": render(settings["prompt"], payload)}]
+    if settings.get("system"):
+        messages.insert(0, {"role": "system", "content": settings["system"]})
+    return messages
+
+
+def _request(settings: dict[str, Any], name: str, model: str,
+             messages: list[dict[str, str]]) -> dict[str, Any]:
+    """The chat.completions body: structured output with the resource's schema."""
+    return {
+        "model": model, "messages": messages,
+        "max_tokens": settings.get("max_tokens", 1000),
+        "temperature": settings.get("temperature", 0.2),
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64],
+            "schema": settings["output_schema"]}},
+    }
 
 
 def render(template: str, payload: Payload) -> str:
@@ -134,12 +171,24 @@ def render(template: str, payload: Payload) -> str:
     return _FIELD.sub(value, template)
 
 
-def _content(body: Any) -> str:
+def _content(body: Any) -> tuple[str, str]:
+    """(the answer's text, its finish_reason). A refusal comes back as text, so it fails the
+    schema and is retried like any other bad answer."""
     try:
-        content = body["choices"][0]["message"]["content"]
+        choice = body["choices"][0]
+        message = choice["message"]
     except (KeyError, IndexError, TypeError):
         raise UpstreamError("the model answered without a message", 502) from None
-    return content if isinstance(content, str) else ""
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        refusal = message.get("refusal") if isinstance(message, dict) else None
+        content = f"(refused: {refusal})" if isinstance(refusal, str) and refusal else ""
+    finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+    return content, finish if isinstance(finish, str) else ""
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse(content: str, schema: Draft202012Validator) -> tuple[Any, str]:
@@ -148,12 +197,18 @@ def _parse(content: str, schema: Draft202012Validator) -> tuple[Any, str]:
     fenced = _FENCE.match(text)
     if fenced:
         text = fenced.group(1)
-    try:
-        answer = json.loads(text)
-    except ValueError as exc:
+    try:  # NaN and Infinity: Python reads them, but they are not JSON and could not be answered
+        answer = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
         return None, f"it is not JSON ({exc.msg} at character {exc.pos})"
+    except ValueError as exc:
+        return None, f"it is not JSON ({exc})"
     error = best_match(schema.iter_errors(answer))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "the top level"
-        return None, f"at {where}: {error.message}"
+        return None, _short(f"at {where}: {error.message}")
     return answer, ""
+
+
+def _short(problem: str) -> str:
+    return problem if len(problem) <= _PROBLEM_CHARS else problem[:_PROBLEM_CHARS] + "..."

@@ -6,7 +6,8 @@ derived from the request, so tests can predict every text, vector and usage coun
 
 - chat / completions: the answer is `reply_text(name, chunks)` ("Hello from <name>. 1 2 3" for 4
   chunks), one token per chunk, cut to `max_tokens` (finish_reason "length"); prompt tokens are
-  `word_tokens()` of the prompt text;
+  `word_tokens()` of the prompt text; `behaviour.replies` scripts the next non-stream chat answers
+  instead (one token per word, see `scripted_reply`);
 - embeddings: `embedding_vector(model, text, dimensions)`, values k/128, exact in float32;
 - speech / sound generation: silent audio whose length follows the input text / duration_seconds.
 
@@ -76,6 +77,15 @@ def reply_pieces(name: str, chunks: int) -> list[str]:
 
 def reply_text(name: str, chunks: int) -> str:
     return "".join(reply_pieces(name, chunks))
+
+
+def scripted_reply(text: str, limit: int | None) -> tuple[str, int, str]:
+    """(content, completion tokens, finish_reason) of a scripted chat answer: one token per word,
+    cut after `limit` words (finish_reason "length") with the original spacing kept."""
+    words = list(re.finditer(r"\S+", text))
+    if limit is None or len(words) <= limit:
+        return text, word_tokens(text), "stop"
+    return text[:words[limit - 1].end()], limit, "length"
 
 
 def embedding_vector(model: str, text: str, dimensions: int) -> list[float]:
@@ -221,6 +231,8 @@ class UpstreamBehaviour:
     require_key: str | None = None  # OpenAI routes: Bearer <key>; ElevenLabs route: xi-api-key
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))  # GET /v1/models
     strict_models: bool = False  # when True a model not in `models` answers 404 model_not_found
+    # non-stream chat completions answer these texts, one per request in order, then the fixed text
+    replies: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def fail(self, *statuses: int) -> None:
@@ -230,6 +242,15 @@ class UpstreamBehaviour:
     def take_failure(self) -> int | None:
         with self._lock:
             return self.fail_next.pop(0) if self.fail_next else None
+
+    def reply(self, *texts: str) -> None:
+        """Script the next non-stream chat answers (JSON text, prose, anything), in order."""
+        with self._lock:
+            self.replies.extend(texts)
+
+    def take_reply(self) -> str | None:
+        with self._lock:
+            return self.replies.pop(0) if self.replies else None
 
     def take_malformed(self) -> bool:
         with self._lock:
@@ -242,7 +263,7 @@ class UpstreamBehaviour:
         fresh = UpstreamBehaviour()
         with self._lock:
             for name in ("fail_next", "hang", "delay", "chunk_delay", "gate", "chunks", "break_after",
-                         "malformed_next", "require_key", "models", "strict_models"):
+                         "malformed_next", "require_key", "models", "strict_models", "replies"):
                 setattr(self, name, getattr(fresh, name))
 
 
@@ -682,7 +703,13 @@ class OpenAIUpstream:
         base = {"id": self._next_id("chatcmpl"), "created": CREATED, "model": model,
                 "service_tier": "default", "system_fingerprint": f"fp_{self.name}"}
         if not stream:
-            choices = [{"index": i, "message": {"role": "assistant", "content": "".join(pieces),
+            text = "".join(pieces)
+            scripted = self.behaviour.take_reply()
+            if scripted is not None:
+                text, tokens, finish = scripted_reply(scripted, body.get("max_completion_tokens",
+                                                                         body.get("max_tokens")))
+                usage = self._usage(usage["prompt_tokens"], tokens * n)
+            choices = [{"index": i, "message": {"role": "assistant", "content": text,
                                                 "refusal": None, "annotations": []},
                         "logprobs": None, "finish_reason": finish} for i in range(n)]
             return self._json({**base, "object": "chat.completion", "choices": choices, "usage": usage})
