@@ -105,10 +105,10 @@ def test_paywire_pay_pays_and_prints_result_and_receipt(served: Served, network:
 
 def test_paywire_pay_refuses_to_pay_above_max(served: Served) -> None:
     before = httpx.get(f"{served.url}/devnet").json()["networks"]["evm"]["merchant_balance"]
-    url = f"{served.url}/v1/marketplace/api/error-explain"  # $0.062101
-    out = _pay(served, url, "--data", '{"error": "boom"}', "--max", "0.05", "--json")
+    url = f"{served.url}/v1/marketplace/api/token-count-508"  # $0.00575
+    out = _pay(served, url, "--data", '{"text": "hi", "model": "gpt-4o"}', "--max", "0.005", "--json")
     assert out.returncode == 2
-    assert "above --max $0.05" in out.stderr and "$0.062101" in out.stderr
+    assert "above --max $0.005" in out.stderr and "$0.00575" in out.stderr
     after = httpx.get(f"{served.url}/devnet").json()["networks"]["evm"]["merchant_balance"]
     assert after == before
 
