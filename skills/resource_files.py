@@ -19,11 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from .errors import SkillUnavailableError
 from .kinds import KINDS
+from .kinds.base import schema_problems
 from .registry import SkillRegistry
 from .resource_context import ResourceContext
 from .skill import Payload, Skill, SkillResult
@@ -66,14 +64,7 @@ def check_resource(data: Any, path: str = "<resource>") -> list[str]:
         problems += _price_problems(data["price"])
     if "method" in data and data["method"] not in _METHODS:
         problems.append(f"field 'method' must be one of {sorted(_METHODS)}")
-    schema = data.get("input_schema", {"type": "object"})
-    if not isinstance(schema, dict):
-        problems.append("field 'input_schema' must be a JSON Schema object")
-    else:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            problems.append(f"field 'input_schema' is not a valid JSON Schema: {exc.message}")
+    problems += schema_problems(data.get("input_schema", {"type": "object"}), "input_schema")
     examples = data.get("examples", [])
     if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
         problems.append("field 'examples' must be a list of example request bodies (objects)")

@@ -496,6 +496,19 @@ def test_a_long_schema_problem_is_shortened() -> None:
     assert len(failed.value.message) < 700
 
 
+def test_an_evidence_quote_not_in_the_input_is_retried() -> None:
+    schema = {"type": "object", "properties": {"quotes": {"type": "array", "items": {"type": "string"}}}}
+    invented = json.dumps({"quotes": ["the tea was \u201cgreat\u201d", "best ever"]})
+    fixed = json.dumps({"quotes": ["The  TEA was \"great\""]})  # case, spacing, quote marks may differ
+    model = FakeModel((invented, "stop"), (fixed, "stop"))
+    skill = _built(model, output_schema=schema, quoted_from={"quotes/*": "topic"})
+    assert _run(skill, {"topic": 'the tea was "great", really'}).body == json.loads(fixed)
+    retry = model.requests[1]["messages"][-1]["content"]
+    assert "at quotes/1: 'best ever' is not quoted word for word from the input's 'topic'" in retry
+    assert prompted.check(_resource(quoted_from={"x/*": "nope"})) == [
+        "field 'prompted.quoted_from' names input field 'nope', which is not a property of 'input_schema'"]
+
+
 def test_the_model_override_and_its_readiness() -> None:
     model = FakeModel(('{"text": "ok"}', "stop"), max_output_tokens=1000)
     skill = _built(model)

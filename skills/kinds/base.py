@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
 from ..skill import Runner, Streamer, Validator
 
 
@@ -38,3 +41,14 @@ def positive_number(settings: dict[str, Any], key: str, where: str, problems: li
         problems.append(f"field '{where}.{key}' must be a number above 0 and at most {most}")
         return default
     return float(value)
+
+
+def schema_problems(schema: Any, field: str) -> list[str]:
+    """Problems with a JSON Schema (2020-12) given in the resource file's `field`."""
+    if not isinstance(schema, dict):
+        return [f"field '{field}' must be a JSON Schema object"]
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return [f"field '{field}' is not a valid JSON Schema: {exc.message}"]
+    return []

@@ -27,12 +27,12 @@ from decimal import Decimal
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import best_match
 
 from ..errors import SkillInputError, SkillUnavailableError, UpstreamError
 from ..resource_context import ResourceContext
 from ..skill import Payload, SkillResult
-from .base import Behaviour, need_str
+from .base import Behaviour, need_str, schema_problems
 
 WHERE = "prompted"
 OPERATION = "chat.completions"
@@ -50,14 +50,8 @@ def check(data: dict[str, Any]) -> list[str]:
         need_str(settings, key, WHERE, problems)
     for key in ("system", "model_env"):
         need_str(settings, key, WHERE, problems, required=False)
-    schema = settings.get("output_schema")
-    if not isinstance(schema, dict):
-        problems.append("field 'prompted.output_schema' must be a JSON Schema object")
-    else:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            problems.append(f"field 'prompted.output_schema' is not a valid JSON Schema: {exc.message}")
+    problems += schema_problems(settings.get("output_schema"), "prompted.output_schema")
+    problems += _quoted_from_problems(settings.get("quoted_from", {}), _properties(data.get("input_schema")))
     tokens = settings.get("max_tokens", 1000)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 100_000:
         problems.append("field 'prompted.max_tokens' must be a whole number from 1 to 100000")
@@ -72,6 +66,15 @@ def check(data: dict[str, Any]) -> list[str]:
             problems.append(f"field 'prompted.prompt' uses {{{name}}}, which is not a property of "
                             f"'input_schema' (properties: {', '.join(sorted(known)) or 'none'})")
     return problems
+
+
+def _quoted_from_problems(rules: Any, inputs: set[str]) -> list[str]:
+    if not isinstance(rules, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in rules.items()):
+        return ["field 'prompted.quoted_from' must map answer paths (e.g. 'aspects/*/evidence/*') "
+                "to input field names"]
+    return [f"field 'prompted.quoted_from' names input field '{field}', which is not a property "
+            "of 'input_schema'" for field in rules.values() if field not in inputs]
 
 
 def _properties(schema: Any) -> set[str]:
@@ -123,6 +126,8 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
             cost += result.upstream_cost_usd or 0
             content, finish = _content(result.body)
             answer, problem = _parse(content, schema)
+            if not problem:
+                problem = _unquoted(answer, payload, settings.get("quoted_from", {}))
             if not problem:
                 return SkillResult(body=answer, usage={"model": model_id(), "attempts": attempt + 1,
                                                        "calls": usages},
@@ -212,3 +217,36 @@ def _parse(content: str, schema: Draft202012Validator) -> tuple[Any, str]:
 
 def _short(problem: str) -> str:
     return problem if len(problem) <= _PROBLEM_CHARS else problem[:_PROBLEM_CHARS] + "..."
+
+
+def _unquoted(answer: Any, payload: Payload, rules: dict[str, str]) -> str:
+    """The first string at a `quoted_from` path that is not a quotation of its input field
+    (compared ignoring case, spacing and curly quotes), or ""."""
+    for path, field in rules.items():
+        source = _plain(str(payload.get(field) or ""))
+        for where, text in _at(answer, path.split("/"), []):
+            if isinstance(text, str) and _plain(text) not in source:
+                return _short(f"at {'/'.join(where)}: {text!r} is not quoted word for word from "
+                              f"the input's '{field}'")
+    return ""
+
+
+def _at(value: Any, steps: list[str], where: list[str]) -> list[tuple[list[str], Any]]:
+    """The values at a path of keys and `*` (every item of a list or object)."""
+    if not steps:
+        return [(where, value)]
+    step, rest = steps[0], steps[1:]
+    if step == "*":
+        items = enumerate(value) if isinstance(value, list) else (
+            value.items() if isinstance(value, dict) else [])
+        return [hit for key, item in items for hit in _at(item, rest, [*where, str(key)])]
+    if isinstance(value, dict) and step in value:
+        return _at(value[step], rest, [*where, step])
+    return []
+
+
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
+def _plain(text: str) -> str:
+    return " ".join(text.translate(_QUOTES).lower().split())
