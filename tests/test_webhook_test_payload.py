@@ -369,14 +369,7 @@ def test_literal_addresses_are_checked_against_the_allow_list_before_the_quote()
     webhook_test.validate({"url": "http://127.0.0.1:9/hook"}, _context())
     with pytest.raises(SkillInputError):
         webhook_test.validate({"url": "http://127.0.0.1:9/hook"}, ResourceContext())
-    # without the context (as the pipeline calls it today), ready(context) checks the literal
-    webhook_test.validate({"url": "http://127.0.0.1:9/hook"})
-    with pytest.raises(SkillInputError):
-        webhook_test.ready(ResourceContext())
-    webhook_test.validate({"url": "http://127.0.0.1:9/hook"})
-    webhook_test.ready(_context())
-    webhook_test.validate({"url": "https://example.com/hook"})  # a name leaves nothing pending
-    webhook_test.ready(ResourceContext())
+    webhook_test.validate({"url": "https://example.com/hook"}, ResourceContext())  # names: at run time
 
 
 @pytest.mark.parametrize("env", [{ALLOW_ENV: "127.0.0.1/32, not-a-network"},

@@ -1,10 +1,9 @@
 """Kind `python`: the resource runs Python code.
 
 `handler` is either a module (or `module:object`) exposing `run` and optionally
-`validate(payload)`, `stream` and `ready(context)`, or `module:function` naming the run function
-alone. `run(payload)` or
-`run(payload, context)` (a ResourceContext: environment, HTTP session, models) returns a JSON-able
-object or a SkillResult.
+`validate(payload[, context])`, `stream(payload[, context])` and `ready(context)`, or
+`module:function` naming the run function alone. `run(payload)` or `run(payload, context)` (a
+ResourceContext: environment, HTTP session, models) returns a JSON-able object or a SkillResult.
 """
 
 from __future__ import annotations
@@ -60,10 +59,17 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
         def streamer(payload: Payload) -> Any:
             return stream_fn(payload, context)
 
+    validator = getattr(hooks, "validate", None)
+    if validator is not None and _takes_context(validator):
+        validate_fn = validator
+
+        def validator(payload: Payload) -> None:
+            validate_fn(payload, context)
+
     ready_hook = getattr(hooks, "ready", None)
     return Behaviour(
         run=run,
-        validator=getattr(hooks, "validate", None),
+        validator=validator,
         streamer=streamer,
         ready=(lambda: ready_hook(context)) if ready_hook is not None else None,
     )

@@ -44,7 +44,6 @@ import socket
 import ssl
 import time
 import uuid
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from ipaddress import ip_address
@@ -250,29 +249,18 @@ def parse(payload: Any) -> WebhookRequest:
     )
 
 
-# The pipeline calls validate(payload) without the context and then ready(context), in the same
-# task, before the quote. An IP literal waits here for ready() to check it against the operator's
-# allow-list. (When python_handler passes the context to a two-argument validate, this goes.)
-_PENDING_LITERAL: ContextVar[IPAddress | None] = ContextVar("webhook_pending_literal", default=None)
-
-
-def validate(payload: dict[str, Any], context: ResourceContext | None = None) -> None:
-    """Refuse, before the quote, what cannot run; forbidden IP literals too (with the context)."""
+def validate(payload: dict[str, Any], context: ResourceContext) -> None:
+    """Refuse, before the quote, what cannot run, forbidden IP literals included (a name is
+    checked when it is resolved, at run time)."""
     request = parse(payload)
-    if context is None:
-        _PENDING_LITERAL.set(request.ip)  # None for a name: nothing left over from another call
-    elif request.ip is not None:
+    if request.ip is not None:
         _refuse_forbidden(request.ip, _allow_list(context), request.host)
 
 
 def ready(context: ResourceContext) -> None:
-    """Before every quote: the settings parse, and a pending IP literal is permitted."""
-    allow = _allow_list(context)
+    """Before every quote: the operator's settings parse."""
+    _allow_list(context)
     _ssl_context(context.env(CA_FILE_ENV))
-    pending = _PENDING_LITERAL.get()
-    if pending is not None:
-        _PENDING_LITERAL.set(None)
-        _refuse_forbidden(pending, allow, str(pending))
 
 
 def _refuse_forbidden(ip: IPAddress, allow: tuple[IPNetwork, ...], host: str) -> None:
