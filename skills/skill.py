@@ -124,10 +124,24 @@ class Skill:
         return self.operation(operation).pricer(payload)
 
 
+_LIMITS = {  # messages that would otherwise quote the whole offending value back
+    "maxLength": "is longer than {} characters",
+    "minLength": "is shorter than {} characters",
+    "maxItems": "has more than {} items",
+    "minItems": "has fewer than {} items",
+    "maxProperties": "has more than {} fields",
+}
+_MESSAGE_CHARS = 500
+
+
 def _schema_message(error: Any, where: str | None) -> str:
-    if error.validator == "required":
-        return f"{error.message}"
-    if error.validator == "additionalProperties":
-        return f"{error.message}"
+    if error.validator in ("required", "additionalProperties"):
+        return _short(error.message)
     prefix = f"field '{where}': " if where else ""
-    return f"{prefix}{error.message}"
+    if error.validator in _LIMITS:
+        return f"{prefix}{_LIMITS[error.validator].format(error.validator_value)}"
+    return prefix + _short(error.message)
+
+
+def _short(message: str) -> str:
+    return message if len(message) <= _MESSAGE_CHARS else message[:_MESSAGE_CHARS] + "..."
