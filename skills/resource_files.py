@@ -19,19 +19,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import SkillUnavailableError
 from .kinds import KINDS
 from .kinds.base import schema_problems
 from .registry import SkillRegistry
 from .resource_context import ResourceContext
-from .skill import Payload, Skill, SkillResult
+from .skill import Skill
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENTRY_POINT_GROUP = "paywire.resources"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
 _METHODS = {"POST", "GET"}
 _REQUIRED = ("id", "name", "description", "categories", "price", "method", "kind")
-_PLANNED = "planned"  # listed and quoted; a paid call answers 503 and charges nothing
 
 
 class ResourceFileError(ValueError):
@@ -72,7 +70,7 @@ def check_resource(data: Any, path: str = "<resource>") -> list[str]:
     if "kind" in data:
         if kind in KINDS:
             problems += KINDS[kind].check(data)
-        elif kind != _PLANNED:
+        else:
             problems.append(f"field 'kind' must be one of {sorted(KINDS)}, got {kind!r}")
     return problems
 
@@ -87,27 +85,13 @@ def _price_problems(price: Any) -> list[str]:
     return [] if value.is_finite() and value > 0 else ["field 'price' must be greater than 0"]
 
 
-def _planned_runner(resource_id: str) -> Any:
-    async def run(payload: Payload) -> SkillResult:
-        raise SkillUnavailableError(
-            f"resource '{resource_id}' is listed and priced but not available on this gateway "
-            "yet; nothing was charged")
-
-    return run
-
-
 def skill_from_resource(data: dict[str, Any], source: str,
                         context: ResourceContext | None = None) -> Skill:
     problems = check_resource(data, source)
     if problems:
         raise ResourceFileError(source, problems)
     context = context or ResourceContext()
-    price = Decimal(data["price"])
-    if data["kind"] == _PLANNED:
-        run, validator, streamer, ready = _planned_runner(data["id"]), None, None, None
-    else:
-        built = KINDS[data["kind"]].build(data, context)
-        run, validator, streamer, ready = built.run, built.validator, built.streamer, built.ready
+    built = KINDS[data["kind"]].build(data, context)
     categories = tuple(data["categories"])
     return Skill(
         id=data["id"],
@@ -115,15 +99,15 @@ def skill_from_resource(data: dict[str, Any], source: str,
         description=data["description"],
         categories=categories,
         tags=tuple(data.get("tags") or [c.lower() for c in categories]),
-        price_usd=price,
-        ready=ready,
+        price_usd=Decimal(data["price"]),
+        ready=built.ready,
         method=data["method"],
         kind="resource",
         input_schema=data.get("input_schema", {"type": "object"}),
-        validator=validator,
+        validator=built.validator,
         examples=tuple(data.get("examples", ())),
-        run=run,
-        streamer=streamer,
+        run=built.run,
+        streamer=built.streamer,
         source=source,
     )
 

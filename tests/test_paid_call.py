@@ -302,19 +302,3 @@ def test_oversized_body_is_413_and_unknown_resource_404(server: LiveServer) -> N
     assert r.status_code == 413 and "1048576" in r.json()["error"]["message"]
     r = httpx.post(_url(server, "/v1/marketplace/api/no-such-thing"), json={})
     assert r.status_code == 404 and "no-such-thing" in r.json()["error"]["message"]
-
-
-def test_planned_resource_is_quoted_but_a_paid_call_is_503_and_free(server: LiveServer) -> None:
-    url = _url(server, "/v1/marketplace/api/error-explain")
-    body = {"error": "KeyError: 'x'"}
-    _, required = quote(url, body)
-    assert required.accepts[0].amount == "62101"
-    keys = server.devnet.keys
-    payment = header(sign(client_for(server.url, evm_key=keys.evm_payer), required, EVM_NET))
-    before = server.devnet.merchant_balances().evm
-    r = post_paid(url, body, payment)
-    assert r.status_code == 503 and "nothing was charged" in r.json()["error"]["message"]
-    assert "PAYMENT-RESPONSE" not in r.headers
-    assert server.devnet.merchant_balances().evm == before
-    [row] = [x for x in server.ledger_rows(skill_id="error-explain")]
-    assert row["state"] == "released"

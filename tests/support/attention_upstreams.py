@@ -16,14 +16,14 @@ when that many requests are in flight at once, which is how concurrency is teste
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support.loopback_http import JSONHandler, LoopbackServer
 
 PROVIDERS = ("cryptopanic", "lunarcrush", "coingecko", "wikimedia", "x")
 KEYS = {"cryptopanic": "cp-test-token", "lunarcrush": "lc-test-key", "x": "x-test-bearer"}
@@ -116,7 +116,7 @@ class AttentionUpstreams:
         self.state = _State()
         state = self.state
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 parts = urlsplit(self.path)
                 routed = _route(parts.path)
@@ -150,27 +150,13 @@ class AttentionUpstreams:
                 return 200, ANSWERS[provider](args, query)
 
             def _answer(self, status: int, doc: Any) -> None:
-                data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
-                kind = "text/html" if isinstance(doc, bytes) else "application/json"
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", kind)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timed-out lookup): nothing to answer
+                self.answer(status, doc, "text/html" if isinstance(doc, bytes) else "application/json")
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def env(self) -> dict[str, str]:
         """The gateway settings that point the report at this server, with valid keys."""
@@ -202,13 +188,12 @@ class AttentionUpstreams:
             self.state.requests.clear()
 
     def start(self) -> AttentionUpstreams:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
         self.state.release.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
 
 # ---------------------------------------------------------------- authentication and errors

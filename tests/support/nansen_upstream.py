@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.loopback_http import JSONHandler, LoopbackServer
 
 # A row per endpoint, shaped like the documentation's examples.
 ROWS: dict[str, dict[str, Any]] = {
@@ -52,7 +53,7 @@ class NansenUpstream:
         self.behaviour = NansenBehaviour()
         behaviour = self.behaviour
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JSONHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
@@ -62,7 +63,7 @@ class NansenUpstream:
                 behaviour.requests.append(Seen(self.path, dict(self.headers.items()), body))
                 if behaviour.hang is not None:
                     behaviour.hang.wait(30)
-                self._answer(*self._decide(body))
+                self.answer(*self._decide(body))
 
             def _decide(self, body: Any) -> tuple[int, Any]:
                 if self.headers.get("apiKey") != behaviour.key:
@@ -78,31 +79,17 @@ class NansenUpstream:
                 return 200, {"data": [ROWS[self.path]], "echo": body,
                              "pagination": {"page": page, "per_page": 10, "is_last_page": True}}
 
-            def _answer(self, status: int, doc: Any) -> None:
-                data = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackServer(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def start(self) -> NansenUpstream:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
         if self.behaviour.hang is not None:
             self.behaviour.hang.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
