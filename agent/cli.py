@@ -37,8 +37,6 @@ def _banner(settings: Settings, devnet: object) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     env = dict(os.environ)
     if args.host:
         env["PAYWIRE_HOST"] = args.host
@@ -57,14 +55,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         devnet = Devnet(load_or_create_keys(settings.data_dir))
         print(_banner(settings, devnet), file=sys.stderr, flush=True)
     from .app import create_app
+    from .serving import serve
 
     try:
         app = create_app(settings, devnet=devnet)
     except ConfigError as exc:
         print(f"paywire: configuration error: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.host, port=settings.port, loop="uvloop", http="httptools",
-                log_level=args.log_level, proxy_headers=True)
+    serve(app, host=settings.host, port=settings.port, log_level=args.log_level)
     return 0
 
 

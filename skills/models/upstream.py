@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from .. import wire_json
 from ..errors import UpstreamError
 
 RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -88,8 +89,11 @@ class UpstreamClient:
         await asyncio.sleep(random.uniform(0, self._backoff * (2 ** attempt)))
 
     @staticmethod
-    def _body_for(target: Target, body: dict[str, Any]) -> dict[str, Any]:
-        return {**body, "model": target.model}
+    def _json_post(target: Target, body: dict[str, Any]) -> dict[str, Any]:
+        """`post` arguments for a JSON body naming the upstream's model, encoded here (orjson)
+        rather than by aiohttp's json= (the standard library, and a payload object more)."""
+        return {"data": wire_json.dumps({**body, "model": target.model}),
+                "headers": {"Content-Type": "application/json", **target.headers()}}
 
     async def _check(self, response: aiohttp.ClientResponse, target: Target) -> None:
         if response.status < 400:
@@ -121,10 +125,9 @@ class UpstreamClient:
             if attempt:
                 await self._pause(attempt)
             try:
-                data = form if form is not None else None
-                payload = self._body_for(target, json_body) if json_body is not None else None
-                async with self._http().post(target.base_url.rstrip("/") + path, json=payload,
-                                             data=data, headers=target.headers()) as response:
+                post = (self._json_post(target, json_body) if json_body is not None
+                        else {"data": form, "headers": target.headers()})
+                async with self._http().post(target.base_url.rstrip("/") + path, **post) as response:
                     await self._check(response, target)
                     content_type = response.headers.get("Content-Type", "")
                     body = await response.read()
@@ -132,7 +135,7 @@ class UpstreamClient:
                 if raw:
                     return body, target, content_type
                 try:
-                    return json.loads(body), target, content_type
+                    return wire_json.loads(body), target, content_type
                 except ValueError:
                     raise _Attempt(f"{target.provider} answered a body that is not JSON") from None
             except _Attempt as exc:
@@ -157,8 +160,7 @@ class UpstreamClient:
             started = False
             try:
                 async with self._http().post(target.base_url.rstrip("/") + path,
-                                             json=self._body_for(target, body),
-                                             headers=target.headers()) as response:
+                                             **self._json_post(target, body)) as response:
                     await self._check(response, target)
                     async for event in _sse_events(response):
                         if not started:
@@ -182,22 +184,47 @@ class UpstreamClient:
         raise self._exhausted(errors)
 
 
+MAX_EVENT_LINE = 128 * 1024  # the line limit of aiohttp's own line reader, used here before
+_DONE = object()
+
+
 async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    async for raw_line in response.content:
-        line = raw_line.strip()
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            return
-        try:
-            event = json.loads(data)
-        except ValueError:
-            raise UpstreamError("the model provider sent a malformed stream event", 502) from None
-        if isinstance(event, dict) and "error" in event and "choices" not in event:
-            raise UpstreamError(f"the model provider failed mid-stream: "
-                                f"{_error_message(json.dumps(event))}", 502)
+    """The JSON events of an SSE answer, up to `data: [DONE]`. Lines are split here from what each
+    socket read brought (usually whole events): aiohttp's line iterator costs an await and a
+    buffer scan per line, twice per event."""
+    pending = b""
+    async for data in response.content.iter_any():
+        *lines, pending = (pending + data).split(b"\n")
+        if len(pending) > MAX_EVENT_LINE:
+            raise UpstreamError("the model provider sent a stream line longer than "
+                                f"{MAX_EVENT_LINE} bytes", 502)
+        for line in lines:
+            event = _sse_event(line)
+            if event is _DONE:
+                return
+            if event is not None:
+                yield event
+    event = _sse_event(pending)  # a last line without its newline
+    if event is not None and event is not _DONE:
         yield event
+
+
+def _sse_event(line: bytes) -> Any:
+    """A `data:` line's JSON event, _DONE for `data: [DONE]`, None for any other line."""
+    line = line.strip()
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return _DONE
+    try:
+        event = wire_json.loads(data)
+    except ValueError:
+        raise UpstreamError("the model provider sent a malformed stream event", 502) from None
+    if isinstance(event, dict) and "error" in event and "choices" not in event:
+        raise UpstreamError(f"the model provider failed mid-stream: "
+                            f"{_error_message(json.dumps(event))}", 502)
+    return event
 
 
 def _error_message(text: str) -> str:
