@@ -122,9 +122,9 @@ class Gateway:
                 return Refused(t, exc.status, "skill_unavailable", exc.message)
             except SkillUnavailableError as exc:  # e.g. a resource's upstream key is not set
                 return Refused(t, 503, "skill_unavailable", str(exc))
-            resource = self.resource_info(skill, req.resource_url)
         if atomic == 0:
-            return await self._run_free(t, skill, op, req, payload)
+            return await self._run_free(t, skill, op, req, payload, validated=not probe)
+        resource = self.resource_info(skill, req.resource_url)
         requirements = self.processor.requirements(atomic)
 
         def demand(reason: str | None = None, message: str | None = None,
@@ -282,11 +282,13 @@ class Gateway:
         return Delivered(t, result, receipt, atomic)
 
     async def _run_free(self, t: Timings, skill: Skill, op: Operation, req: CallRequest,
-                        payload: dict[str, Any]) -> Outcome:
-        """A free call (help, an operator's free model): no quote to probe, so always validated."""
+                        payload: dict[str, Any], validated: bool) -> Outcome:
+        """A free call (help, an operator's free model): no quote to probe, so an empty
+        payload skipped by the quote stage is validated here."""
         with t.stage("run"):
             try:
-                skill.validate(payload, req.operation)
+                if not validated:
+                    skill.validate(payload, req.operation)
                 if req.stream and op.streamer is not None:
                     return Delivered(t, SkillResult(body=None),
                                      stream=_without_usage(op.streamer(payload)))

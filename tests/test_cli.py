@@ -57,12 +57,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                             text=True)
     url = f"http://127.0.0.1:{port}"
     _wait_healthy(url, proc)
-    yield Served(url, env, proc)
-    proc.terminate()
+    served = Served(url, env, proc)
+    yield served
+    # a test may have restarted the server: stop whichever process is current
+    served.proc.terminate()
     try:
-        proc.wait(timeout=15)
+        served.proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        served.proc.kill()
 
 
 def _pay(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
