@@ -204,8 +204,9 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                              "skills": len(registry)})
 
     route_list: list[Any] = [Route("/health", health, methods=["GET"])]
-    route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
+    # the model routes first: they carry most traffic and routes are matched in order
     route_list += openai_api.routes(gateway, settings.max_body_bytes, settings.base_url)
+    route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
     route_list += a2a
     route_list += agent_card.routes(card_factory)
     if devnet is not None:
