@@ -7,6 +7,8 @@ breaks mid-stream), or `{"error": {message, type, param, code}}`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -14,22 +16,38 @@ from starlette.routing import Route
 from agent.gateway import Gateway
 
 from . import openai_media, openai_text
-from .openai_common import json_model_route
+from .openai_common import error, json_model_route
+
+if TYPE_CHECKING:
+    from skills.skill import Skill
+
+
+def _model_object(skill: Skill) -> dict[str, Any]:
+    """OpenAI's model object plus paywire's price and availability fields."""
+    info = skill.info() if skill.info else {}
+    return {"id": skill.id, "object": "model", "created": 0,
+            "owned_by": info.get("family", "paywire"), **info}
 
 
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
     async def list_models(request: Request) -> Response:
-        data = []
-        for skill in gateway.registry.of_kind("model"):
-            info = skill.info() if skill.info else {}
-            data.append({"id": skill.id, "object": "model", "created": 0,
-                         "owned_by": info.get("family", "paywire"), **info})
+        data = [_model_object(skill) for skill in gateway.registry.of_kind("model")]
         return JSONResponse({"object": "list", "data": data})
+
+    async def retrieve_model(request: Request) -> Response:
+        model = request.path_params["model"]
+        skill = gateway.registry.get(model)
+        if skill is None or skill.kind != "model":
+            return error(404, "model_not_found", f"The model '{model}' does not exist; "
+                         "GET /v1/models lists the models", "model")
+        return JSONResponse(_model_object(skill))
 
     return [
         json_model_route(gateway, "/v1/chat/completions", "chat.completions", max_body_bytes,
                          base_url),
         Route("/v1/models", list_models, methods=["GET"]),
+        # model ids may hold a slash (an OpenRouter-style "vendor/model"), as OpenAI's client sends them
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         *openai_text.routes(gateway, max_body_bytes, base_url),
         *openai_media.routes(gateway, max_body_bytes, base_url),
     ]

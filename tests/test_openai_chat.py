@@ -10,6 +10,7 @@ import time
 from decimal import Decimal
 
 import httpx
+import openai
 import pytest
 from eth_account import Account
 from openai import AsyncOpenAI
@@ -264,3 +265,26 @@ def test_a_stream_records_the_upstreams_usage_even_when_the_caller_did_not_ask_f
     expected = (Decimal(usage["prompt_tokens"]) * spec.prices.input_per_mtok
                 + Decimal(usage["completion_tokens"]) * spec.prices.output_per_mtok) / 1_000_000
     assert Decimal(row["upstream_cost_usd"]) == expected.quantize(Decimal("1e-10"))
+
+
+def test_official_client_lists_and_retrieves_models_with_prices_and_availability(env: Env) -> None:
+    async def go():  # type: ignore[no-untyped-def]
+        async with _openai(env) as client:
+            listed = [m async for m in client.models.list()]
+            one = await client.models.retrieve("gpt-4o-mini")
+            slashed = await client.models.retrieve("meta-llama/llama-3.3-70b-instruct")
+            with pytest.raises(openai.NotFoundError) as missing:
+                await client.models.retrieve("no-such-model")
+            return listed, one, slashed, missing.value
+
+    listed, one, slashed, missing = asyncio.run(go())
+    catalog = load_catalog().models
+    assert {m.id for m in listed} == set(catalog) and len(listed) == len(catalog)
+    assert one.id == "gpt-4o-mini" and one.object == "model"
+    extra = one.model_extra or {}
+    assert extra["available"] is True
+    spec = catalog["gpt-4o-mini"]
+    assert Decimal(extra["pricing"]["input_per_mtok"]) == spec.prices.input_per_mtok > 0
+    assert slashed.id == "meta-llama/llama-3.3-70b-instruct"
+    assert missing.status_code == 404 and missing.code == "model_not_found"
+    assert missing.param == "model" and "GET /v1/models" in missing.message
