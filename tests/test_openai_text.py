@@ -329,3 +329,18 @@ def test_upstream_timeout_is_a_504(env: Env) -> None:
             await client.aclose()
 
     assert asyncio.run(go()).status == 504
+
+
+def test_edit_through_the_official_clients_generic_post(env: Env) -> None:
+    """openai's package dropped `client.edits`; its own `post()` still reaches the route, paid."""
+    before = env.balance()
+    body = {"model": EDIT_MODEL, "instruction": "Make it shout", "input": "hello agents"}
+
+    async def go() -> Any:
+        async with _openai(env) as client:
+            return await client.post("/edits", cast_to=object, body=body)
+
+    edit = asyncio.run(go())
+    assert edit["object"] == "edit" and edit["choices"][0]["index"] == 0
+    assert edit["choices"][0]["text"] in (reply_text("openai", 4), reply_text("openrouter", 4))
+    assert env.balance() - before == usd_to_atomic(edits_price(body, _spec(EDIT_MODEL)))
