@@ -205,7 +205,9 @@ class Gateway:
             return Refused(t, exc.status, "upstream_answer", f"{exc.message}; nothing was charged",
                            raw=(exc.body, exc.media_type))
         if isinstance(exc, UpstreamError):
-            await self.ledger.release(row_id, exc.message)
+            cost = exc.upstream_cost_usd
+            await self.ledger.release(row_id, exc.message, usage=exc.usage,
+                                      upstream_cost_usd=str(cost) if cost is not None else None)
             return Refused(t, exc.status, "upstream_error", f"{exc.message}; nothing was charged")
         log.error("skill %s failed", skill.id, exc_info=exc)
         await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")

@@ -168,10 +168,14 @@ class Ledger:
             )
             return result.rowcount == 1
 
-    async def release(self, row_id: str, reason: str) -> None:
-        """The call did not deliver: nothing is charged, the payment may be used again."""
+    async def release(self, row_id: str, reason: str, *, usage: dict[str, Any] | None = None,
+                      upstream_cost_usd: str | None = None) -> None:
+        """The call did not deliver: nothing is charged, the payment may be used again. What the
+        failed call still spent upstream, if anything, is kept for the operator."""
+        spent = {} if usage is None and upstream_cost_usd is None else {
+            "usage": usage, "upstream_cost_usd": upstream_cost_usd}
         await self._transition(
-            row_id, PaymentState.CLAIMED, state=PaymentState.RELEASED, error=reason[:2000]
+            row_id, PaymentState.CLAIMED, state=PaymentState.RELEASED, error=reason[:2000], **spent
         )
 
     async def mark_settled(self, row_id: str, tx_hash: str, *, latency_ms: int | None = None,

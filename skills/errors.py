@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+from typing import Any
+
 
 class SkillError(Exception):
     """Base class: something about a skill call went wrong."""
@@ -28,12 +31,19 @@ class SkillUnavailableError(SkillError):
 
 
 class UpstreamError(SkillError):
-    """The skill's upstream failed. `status` is the HTTP status the faces should answer."""
+    """The skill's upstream failed. `status` is the HTTP status the faces should answer.
 
-    def __init__(self, message: str, status: int = 502) -> None:
+    `usage` and `upstream_cost_usd` say what the failed call still spent upstream (a model that
+    answered, but not validly): the caller is not charged, the operator's ledger shows the cost.
+    """
+
+    def __init__(self, message: str, status: int = 502, *, usage: dict[str, Any] | None = None,
+                 upstream_cost_usd: Decimal | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.usage = usage
+        self.upstream_cost_usd = upstream_cost_usd
 
 
 class UpstreamAnswer(UpstreamError):

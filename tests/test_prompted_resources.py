@@ -251,7 +251,8 @@ def test_an_invalid_answer_is_retried_once_with_the_problem_explained(
 def test_two_invalid_answers_are_a_502_and_nothing_is_charged(
     gateway: LiveServer, upstream: OpenAIUpstream, resource: str
 ) -> None:
-    upstream.behaviour.reply("Sure! Here is the analysis you asked for.", json.dumps(_invalid(resource)))
+    prose, invalid = "Sure! Here is the analysis you asked for.", json.dumps(_invalid(resource))
+    upstream.behaviour.reply(prose, invalid)
     before = _balance(gateway)
     r = _pay(gateway, resource, INPUTS[resource])
     assert r.status_code == 502, r.text
@@ -263,6 +264,10 @@ def test_two_invalid_answers_are_a_502_and_nothing_is_charged(
     assert "it is not JSON" in _chats(upstream)[1].json["messages"][-1]["content"]
     row = _last_row(gateway, resource)
     assert row["state"] == "released" and "two attempts" in row["error"]
+    # not charged, but what the model cost the operator is on the row
+    first, second = _chats(upstream)
+    assert json.loads(row["usage"])["attempts"] == 2
+    assert Decimal(row["upstream_cost_usd"]) == _cost(first, prose) + _cost(second, invalid) > 0
 
 
 @pytest.mark.parametrize("resource", RESOURCES)
@@ -427,14 +432,18 @@ def test_check_without_settings_or_with_a_broken_input_schema() -> None:
 class FakeModel:
     """A chat model skill whose answers are scripted: (content, finish_reason) per call."""
 
-    def __init__(self, *answers: tuple[str | None, str], max_output_tokens: int = 1000) -> None:
+    def __init__(self, *answers: tuple[str | None, str] | Exception,
+                 max_output_tokens: int = 1000) -> None:
         self.answers = list(answers)
         self.requests: list[dict[str, Any]] = []
         spec = SimpleNamespace(id="fake-chat", max_output_tokens=max_output_tokens)
 
         async def run(body: dict[str, Any]) -> SkillResult:
             self.requests.append(body)
-            content, finish = self.answers.pop(0)
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            content, finish = answer
             message = {"role": "assistant", "content": content,
                        "refusal": "I can't help with that." if content is None else None}
             return SkillResult(body={"choices": [{"message": message, "finish_reason": finish}]},
@@ -484,6 +493,28 @@ def test_a_refusal_and_nan_are_invalid_answers() -> None:
     assert failed.value.status == 502 and "NaN is not a JSON number" in failed.value.message
     assert model.requests[1]["messages"][2] == {"role": "assistant",
                                                 "content": "(refused: I can't help with that.)"}
+
+
+def test_a_failed_call_still_reports_what_its_attempts_spent_upstream() -> None:
+    model = FakeModel(("not json", "stop"), ("still not json", "stop"))
+    with pytest.raises(UpstreamError) as invalid:
+        _run(_built(model), {"topic": "tea"})
+    assert invalid.value.usage is not None and invalid.value.usage["attempts"] == 2
+    assert len(invalid.value.usage["calls"]) == 2
+    assert invalid.value.upstream_cost_usd == Decimal("0.0002")
+    # the retry's upstream fails: the first attempt's spending is kept on the error
+    model = FakeModel(("not json", "stop"), UpstreamError("upstream answered 500", 502))
+    with pytest.raises(UpstreamError) as broken:
+        _run(_built(model), {"topic": "tea"})
+    assert broken.value.message == "upstream answered 500"
+    assert broken.value.usage == {"model": "fake-chat", "attempts": 2,  # the second got no answer
+                                  "calls": [{"completion_tokens": 3}]}
+    assert broken.value.upstream_cost_usd == Decimal("0.0001")
+    # a first attempt that fails outright spent nothing
+    model = FakeModel(UpstreamError("upstream answered 500", 502))
+    with pytest.raises(UpstreamError) as first:
+        _run(_built(model), {"topic": "tea"})
+    assert first.value.usage is None and first.value.upstream_cost_usd is None
 
 
 def test_a_long_schema_problem_is_shortened() -> None:

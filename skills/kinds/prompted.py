@@ -121,7 +121,13 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
         cost = Decimal(0)
         problem = ""
         for attempt in range(2):
-            result = await operation.run(request)
+            try:
+                result = await operation.run(request)
+            except UpstreamError as exc:  # the retry failed: keep what the first attempt spent
+                if usages and exc.usage is None:
+                    exc.usage = {"model": model_id(), "attempts": attempt + 1, "calls": usages}
+                    exc.upstream_cost_usd = cost
+                raise
             usages.append(result.usage or {})
             cost += result.upstream_cost_usd or 0
             content, finish = _content(result.body)
@@ -140,7 +146,9 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
                 {"role": "user", "content": f"That answer is not valid: {problem}. Answer again "
                                             "with only the JSON object the schema describes."}]}
         raise UpstreamError(f"the model gave no valid answer for '{name}' in two attempts "
-                            f"(last problem: {problem})", 502)
+                            f"(last problem: {problem})", 502,
+                            usage={"model": model_id(), "attempts": 2, "calls": usages},
+                            upstream_cost_usd=cost)
 
     return Behaviour(run=run, ready=ready)
 
