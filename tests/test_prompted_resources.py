@@ -517,6 +517,17 @@ def test_a_failed_call_still_reports_what_its_attempts_spent_upstream() -> None:
     assert first.value.usage is None and first.value.upstream_cost_usd is None
 
 
+def test_a_model_refusing_the_resources_request_is_a_setup_problem_not_the_callers() -> None:
+    refused = UpstreamError("Unsupported parameter: 'temperature' is not supported with this model.",
+                            400)
+    with pytest.raises(UpstreamError) as failed:
+        _run(_built(FakeModel(refused)), {"topic": "tea"})
+    assert failed.value.status == 502
+    message = failed.value.message
+    assert "model 'fake-chat' refused the request" in message and "TEST_PROMPTED_MODEL" in message
+    assert "'temperature' is not supported" in message
+
+
 def test_a_long_schema_problem_is_shortened() -> None:
     too_long = json.dumps({"text": "z" * 5000})  # the schema error quotes the whole value
     model = FakeModel((too_long, "stop"), (too_long, "stop"))

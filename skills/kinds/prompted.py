@@ -123,11 +123,17 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
         for attempt in range(2):
             try:
                 result = await operation.run(request)
-            except UpstreamError as exc:  # the retry failed: keep what the first attempt spent
-                if usages and exc.usage is None:
+            except UpstreamError as exc:
+                if exc.status == 400:  # the request is ours, not the caller's: a setup problem
+                    exc = UpstreamError(
+                        f"resource '{name}': model '{model_id()}' refused the request it was "
+                        f"sent ({exc.message}); the operator's model setting "
+                        f"({settings.get('model_env') or 'the resource file'}) may name a model "
+                        "without structured output or temperature", 502)
+                if usages:  # the retry failed: keep what the first attempt spent
                     exc.usage = {"model": model_id(), "attempts": attempt + 1, "calls": usages}
                     exc.upstream_cost_usd = cost
-                raise
+                raise exc from None
             usages.append(result.usage or {})
             cost += result.upstream_cost_usd or 0
             content, finish = _content(result.body)
