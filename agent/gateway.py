@@ -205,9 +205,8 @@ class Gateway:
             return Refused(t, exc.status, "upstream_answer", f"{exc.message}; nothing was charged",
                            raw=(exc.body, exc.media_type))
         if isinstance(exc, UpstreamError):
-            cost = exc.upstream_cost_usd
             await self.ledger.release(row_id, exc.message, usage=exc.usage,
-                                      upstream_cost_usd=str(cost) if cost is not None else None)
+                                      upstream_cost_usd=exc.upstream_cost_usd)
             return Refused(t, exc.status, "upstream_error", f"{exc.message}; nothing was charged")
         log.error("skill %s failed", skill.id, exc_info=exc)
         await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")
@@ -240,11 +239,10 @@ class Gateway:
             finally:
                 usage = {**(reported.usage or {}), "chunks": sent,
                          "delivery": "complete" if complete else "partial"}
-                cost = reported.upstream_cost_usd
                 # A client that left cancels this generator, and further awaits here would be
                 # cancelled too: the ledger write runs as its own task so it is not lost.
                 _detach(ledger.record_usage(row_id, latency_ms=round(started.total_ms()), usage=usage,
-                                            upstream_cost_usd=None if cost is None else str(cost)))
+                                            upstream_cost_usd=reported.upstream_cost_usd))
                 if not complete:
                     await chunks.aclose()
 
@@ -275,10 +273,9 @@ class Gateway:
         })
         with t.stage("record"):
             if record:
-                cost = result.upstream_cost_usd
                 await self.ledger.mark_settled(
                     row_id, receipt.transaction, latency_ms=round(t.total_ms()),
-                    usage=result.usage, upstream_cost_usd=str(cost) if cost is not None else None)
+                    usage=result.usage, upstream_cost_usd=result.upstream_cost_usd)
             else:  # a stream: its usage is recorded when it ends
                 await self.ledger.mark_settled(row_id, receipt.transaction)
         return Delivered(t, result, receipt, atomic)

@@ -16,7 +16,7 @@ from starlette.routing import Route
 from agent.gateway import Gateway
 
 from . import openai_media, openai_text
-from .openai_common import error, json_model_route
+from .openai_common import find_model, json_model_route
 
 if TYPE_CHECKING:
     from skills.skill import Skill
@@ -35,12 +35,8 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
         return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(request: Request) -> Response:
-        model = request.path_params["model"]
-        skill = gateway.registry.get(model)
-        if skill is None or skill.kind != "model":
-            return error(404, "model_not_found", f"The model '{model}' does not exist; "
-                         "GET /v1/models lists the models", "model")
-        return JSONResponse(_model_object(skill))
+        skill = find_model(gateway, request.path_params["model"])
+        return skill if isinstance(skill, Response) else JSONResponse(_model_object(skill))
 
     return [
         json_model_route(gateway, "/v1/chat/completions", "chat.completions", max_body_bytes,

@@ -107,16 +107,24 @@ async def json_body(request: Request, limit: int) -> dict[str, Any] | Response:
     return body
 
 
+def find_model(gateway: Gateway, model: str) -> Any:
+    """The model skill named `model`, or OpenAI's 404 `model_not_found` response."""
+    skill = gateway.registry.get(model)
+    if skill is None or skill.kind != "model":
+        return error(404, "model_not_found", f"The model '{model}' does not exist; "
+                     "GET /v1/models lists the models", "model")
+    return skill
+
+
 def model_skill(gateway: Gateway, body: dict[str, Any], operation: str) -> Any:
     """The model skill a body names, or the OpenAI-shaped error response (400/404)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return error(400, "missing_model", "'model' is required: a model id from GET /v1/models",
                      "model")
-    skill = gateway.registry.get(model)
-    if skill is None or skill.kind != "model":
-        return error(404, "model_not_found", f"The model '{model}' does not exist; "
-                     "GET /v1/models lists the models", "model")
+    skill = find_model(gateway, model)
+    if isinstance(skill, Response):
+        return skill
     if operation not in skill.operations:
         return error(400, "unsupported_operation", f"'{model}' does not support {operation}; "
                      f"it supports {', '.join(skill.operations)}", "model")

@@ -15,6 +15,7 @@ import enum
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -90,6 +91,11 @@ class ClaimRequest:
 
 class AlreadyUsed(Exception):
     """The payment is claimed or settled by another request."""
+
+
+def _usd_column(amount: Decimal | None) -> str | None:
+    """USD amounts are stored as exact decimal text, never as floats."""
+    return None if amount is None else str(amount)
 
 
 def _now() -> datetime:
@@ -169,22 +175,22 @@ class Ledger:
             return result.rowcount == 1
 
     async def release(self, row_id: str, reason: str, *, usage: dict[str, Any] | None = None,
-                      upstream_cost_usd: str | None = None) -> None:
+                      upstream_cost_usd: Decimal | None = None) -> None:
         """The call did not deliver: nothing is charged, the payment may be used again. What the
         failed call still spent upstream, if anything, is kept for the operator."""
-        spent = {} if usage is None and upstream_cost_usd is None else {
-            "usage": usage, "upstream_cost_usd": upstream_cost_usd}
         await self._transition(
-            row_id, PaymentState.CLAIMED, state=PaymentState.RELEASED, error=reason[:2000], **spent
+            row_id, PaymentState.CLAIMED, state=PaymentState.RELEASED, error=reason[:2000],
+            usage=usage, upstream_cost_usd=_usd_column(upstream_cost_usd),
         )
 
     async def mark_settled(self, row_id: str, tx_hash: str, *, latency_ms: int | None = None,
                            usage: dict[str, Any] | None = None,
-                           upstream_cost_usd: str | None = None) -> None:
+                           upstream_cost_usd: Decimal | None = None) -> None:
         """Settled, with the call's usage in the same write (one round trip on the hot path)."""
         extra: dict[str, Any] = {}
         if latency_ms is not None:
-            extra = {"latency_ms": latency_ms, "usage": usage, "upstream_cost_usd": upstream_cost_usd}
+            extra = {"latency_ms": latency_ms, "usage": usage,
+                     "upstream_cost_usd": _usd_column(upstream_cost_usd)}
         await self._transition(
             row_id, PaymentState.CLAIMED, state=PaymentState.SETTLED, tx_hash=tx_hash, **extra
         )
@@ -204,7 +210,7 @@ class Ledger:
         *,
         latency_ms: int,
         usage: dict[str, Any] | None = None,
-        upstream_cost_usd: str | None = None,
+        upstream_cost_usd: Decimal | None = None,
     ) -> None:
         t = payments_table
         async with self._engine.begin() as conn:
@@ -214,7 +220,7 @@ class Ledger:
                 .values(
                     latency_ms=latency_ms,
                     usage=usage,
-                    upstream_cost_usd=upstream_cost_usd,
+                    upstream_cost_usd=_usd_column(upstream_cost_usd),
                     updated_at=_now(),
                 )
             )

@@ -120,6 +120,10 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
         usages: list[dict[str, Any]] = []
         cost = Decimal(0)
         problem = ""
+
+        def spent(attempts: int) -> dict[str, Any]:
+            return {"model": model_id(), "attempts": attempts, "calls": usages}
+
         for attempt in range(2):
             try:
                 result = await operation.run(request)
@@ -131,7 +135,7 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
                         f"({settings.get('model_env') or 'the resource file'}) may name a model "
                         "without structured output or temperature", 502)
                 if usages:  # the retry failed: keep what the first attempt spent
-                    exc.usage = {"model": model_id(), "attempts": attempt + 1, "calls": usages}
+                    exc.usage = spent(attempt + 1)
                     exc.upstream_cost_usd = cost
                 raise exc from None
             usages.append(result.usage or {})
@@ -141,9 +145,7 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
             if not problem:
                 problem = _unquoted(answer, payload, settings.get("quoted_from", {}))
             if not problem:
-                return SkillResult(body=answer, usage={"model": model_id(), "attempts": attempt + 1,
-                                                       "calls": usages},
-                                   upstream_cost_usd=cost)
+                return SkillResult(body=answer, usage=spent(attempt + 1), upstream_cost_usd=cost)
             if finish == "length":  # the same budget again would be cut again: ask for less
                 problem = (f"it was cut off at the {request['max_tokens']}-token limit "
                            f"({problem}); give a shorter answer")
@@ -153,8 +155,7 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
                                             "with only the JSON object the schema describes."}]}
         raise UpstreamError(f"the model gave no valid answer for '{name}' in two attempts "
                             f"(last problem: {problem})", 502,
-                            usage={"model": model_id(), "attempts": 2, "calls": usages},
-                            upstream_cost_usd=cost)
+                            usage=spent(2), upstream_cost_usd=cost)
 
     return Behaviour(run=run, ready=ready)
 
