@@ -163,14 +163,14 @@ class Gateway:
 
         with t.stage("claim"):
             try:
-                row_id = await self.ledger.claim(ClaimRequest(
+                row_id = await _to_the_end(self.ledger.claim(ClaimRequest(
                     key=payment_key(matched, payer),
                     amount_atomic=atomic,
                     asset=matched.requirement.asset,
                     pay_to=matched.requirement.pay_to,
                     skill_id=skill.id,
                     request_digest=request_digest(skill.id, payload),
-                ))
+                )), on_cancel=self._release_on_cancel)
             except AlreadyUsed:
                 return demand("payment_already_used",
                               "this payment was already used; sign a new payment for this call")
@@ -185,12 +185,37 @@ class Gateway:
                     result = SkillResult(body=None, media_type="text/event-stream")
                 else:
                     result = await op.run(payload)
+            except asyncio.CancelledError:
+                # The caller left (disconnect, A2A cancel, shutdown) before settlement began:
+                # nothing moved, so the claim is released and the same payment may be retried.
+                await _to_the_end(self.ledger.release(row_id, "cancelled before settlement"))
+                if streaming:
+                    await _to_the_end(chunks.aclose())
+                raise
             except Exception as exc:
                 return await self._run_failed(t, skill, row_id, exc)
+        # Settlement runs to its end even if the caller is cancelled meanwhile: a settlement cut
+        # halfway would leave the payer charged and the ledger not knowing it.
         if streaming:
-            return await self._settle_stream(t, skill, matched, row_id, chunks, first, atomic,
-                                             demand)
-        return await self._settle_and_deliver(t, skill, matched, row_id, result, atomic, demand)
+            return await _to_the_end(self._settle_stream(t, skill, matched, row_id, chunks, first,
+                                                         atomic, demand),
+                                     on_cancel=lambda outcome: self._undelivered_stream(
+                                         outcome, row_id, chunks))
+        return await _to_the_end(self._settle_and_deliver(t, skill, matched, row_id, result,
+                                                          atomic, demand))
+
+    async def _undelivered_stream(self, outcome: Outcome, row_id: str,
+                                  chunks: AsyncIterator[Any]) -> None:
+        """A stream whose caller was cancelled while it settled: the upstream is closed, and a
+        settled one is recorded as not delivered (the caller never read a byte of it)."""
+        await chunks.aclose()  # type: ignore[attr-defined]
+        if isinstance(outcome, Delivered):
+            await self.ledger.record_usage(row_id, latency_ms=round(outcome.timings.total_ms()),
+                                           usage={"chunks": 0, "delivery": "none"})
+
+    async def _release_on_cancel(self, row_id: str) -> None:
+        """A claim that completed while its caller was being cancelled: nothing will run."""
+        await self.ledger.release(row_id, "cancelled before settlement")
 
     async def _run_failed(self, t: Timings, skill: Skill, row_id: str, exc: Exception) -> Outcome:
         """The skill did not deliver: release the claim (nothing is charged) and say why."""
@@ -302,6 +327,28 @@ class Gateway:
 
 _END = object()
 _DETACHED: set[asyncio.Task[Any]] = set()
+
+
+async def _to_the_end(coro: Any, on_cancel: Any = None) -> Any:
+    """Await `coro` to its end even if the awaiting task is cancelled meanwhile; then re-raise the
+    cancellation. `on_cancel(result)`, if given, is awaited (to its end too) with the result the
+    cancelled caller will never see, so it can undo or close what that result holds."""
+    task = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                continue  # cancelled again: keep waiting, the work must finish
+            except Exception:
+                break  # its own failure is handled below through task.exception()
+        if on_cancel is not None and not task.cancelled() and task.exception() is None:
+            await _to_the_end(on_cancel(task.result()))
+        raise
+
+
 
 
 def _detach(coro: Any) -> None:
