@@ -23,7 +23,7 @@ from payments.identity import SIWX_HEADER, IdentityError, verify_wallet_header
 from .a2a_executor import OWNER_STATE, HttpPaymentScope, http_payment_scope
 from .a2a_messages import X402_EXTENSION, MessageError, coerce_numbers, parse_skill_call_json
 from .gateway import CallRequest, Gateway, PaymentDemanded
-from .http_io import receipt_headers, render
+from .http_io import InvalidJson, parse_json, receipt_headers, render
 
 V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
               "SubscribeToTask", "GetExtendedAgentCard", "CreateTaskPushNotificationConfig",
@@ -59,9 +59,17 @@ class A2AHttpLayer:
                 return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            rpc = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            rpc = None
+            rpc = parse_json(body)
+        except InvalidJson as exc:
+            # Refused here, before the SDK's own (unbounded) parse sees it.
+            await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32700, "message": f"parse error: {exc.message}"}})
+            return
+        if isinstance(rpc, dict) and not _plain_id(rpc.get("id")):
+            await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32600, "message": "invalid request: 'id' must be a string, a whole "
+                                           "number of at most 64 bits, or null"}})
+            return
         method = rpc.get("method") if isinstance(rpc, dict) else None
         owner = "anonymous"
         proof = headers.get(SIWX_HEADER.lower())
@@ -160,6 +168,14 @@ class _PaymentAwareSend:
             await self.send({"type": "http.response.body", "body": self.buffer})
             return
         await self.send(message)
+
+
+def _plain_id(value: Any) -> bool:
+    """A JSON-RPC id the SDK and every client can carry: a string, an integer that fits 64 bits
+    (larger ones are not exact in JavaScript or protobuf), or null."""
+    if value is None or isinstance(value, str):
+        return len(value or "") <= 256
+    return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
 
 
 async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -32,8 +33,10 @@ from skills.resource_context import ResourceContext
 from skills.resource_files import BUILTIN_DIR, load_entry_points, load_resource_dirs
 from wellknown import agent_card
 
+from . import hygiene
 from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
+from .http_io import edge_error
 from .settings import ConfigError, Settings
 
 log = logging.getLogger("paywire")
@@ -75,6 +78,28 @@ class ServerTimingTotal:
             await send(message)
 
         await self.app(scope, receive, timed_send)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's 404 (no route) and 405 (wrong method), in the face's error shape."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = {404: f"no route {request.url.path}; GET /.well-known/agent.json and "
+                    "GET /api/marketplace/apis list what is served",
+               405: f"{request.method} is not allowed on {request.url.path}"
+               }.get(exc.status_code, str(exc.detail))
+    response = edge_error(request.url.path, exc.status_code, code, message)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A bug: the caller gets the face's error shape, never plain text (the server still logs
+    the traceback: it is ours to fix). Nothing is charged: a paid call settles only after its
+    result is in hand."""
+    return edge_error(request.url.path, 500, "internal_error",
+                      f"internal error ({type(exc).__name__}); nothing was charged")
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -213,10 +238,12 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         from .devnet_http import routes as devnet_routes
 
         route_list += devnet_routes(devnet, settings.base_url)
-    app = Starlette(routes=route_list, lifespan=lifespan, middleware=[
+    app = Starlette(routes=route_list, lifespan=lifespan, exception_handlers={
+        HTTPException: _http_exception, Exception: _server_error}, middleware=[
         Middleware(ServerTimingTotal),
         Middleware(A2AHttpLayer, gateway=gateway, paths={"/a2a", "/a2a/"},
                    rpc_url=f"{settings.base_url}/a2a", max_body_bytes=settings.max_body_bytes),
     ])
     app.state.runtime = runtime
+    hygiene.apply()  # after every import above: py-evm and py_ecc raise the recursion limit
     return app

@@ -55,14 +55,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         devnet = Devnet(load_or_create_keys(settings.data_dir))
         print(_banner(settings, devnet), file=sys.stderr, flush=True)
     from .app import create_app
+    from .hygiene import configure_logging
     from .serving import serve
+
+    configure_logging(args.log_level)
 
     try:
         app = create_app(settings, devnet=devnet)
     except ConfigError as exc:
         print(f"paywire: configuration error: {exc}", file=sys.stderr)
         return 2
-    serve(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    serve(app, host=settings.host, port=settings.port, log_level=args.log_level,
+          header_timeout=settings.header_timeout_seconds, body_timeout=settings.body_timeout_seconds)
     return 0
 
 
@@ -202,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gateway (devnet unless configured)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"],
+                       help="log level (default: info; info and below log each request)")
     serve.set_defaults(func=cmd_serve)
 
     payp = sub.add_parser("pay", help="call an x402 URL and pay for it")

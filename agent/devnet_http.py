@@ -8,7 +8,6 @@ devnet exactly as they would use a public node.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from starlette.requests import Request
@@ -18,10 +17,16 @@ from starlette.routing import Route
 from payments.devnet import Devnet
 from payments.networks import lookup_network
 
-from .http_io import BodyTooLarge, read_body
+from .http_io import BodyTooLarge, InvalidJson, read_json
 
 MAX_RPC_BYTES = 256 * 1024
+MAX_RPC_BATCH = 100  # calls in one JSON-RPC batch
 MAX_FAUCET_ATOMIC = 1_000_000_000  # 1,000 USDC per faucet call
+
+
+def _rpc_refusal(status: int, code: int, message: str) -> Response:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}},
+                        status)
 
 
 def _err(message: str, param: str, status: int = 400) -> Response:
@@ -34,23 +39,28 @@ def routes(devnet: Devnet, base_url: str) -> list[Route]:
     def rpc_endpoint(handler: Any) -> Any:
         async def endpoint(request: Request) -> Response:
             try:
-                body = json.loads(await read_body(request, MAX_RPC_BYTES))
+                body = await read_json(request, MAX_RPC_BYTES)
             except BodyTooLarge:
-                return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {
-                    "code": -32600, "message": f"request larger than {MAX_RPC_BYTES} bytes"}}, 413)
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                return JSONResponse({"jsonrpc": "2.0", "id": None,
-                                     "error": {"code": -32700, "message": "parse error"}})
+                return _rpc_refusal(413, -32600, f"request larger than {MAX_RPC_BYTES} bytes")
+            except InvalidJson as exc:
+                return _rpc_refusal(400, -32700, f"parse error: {exc.message}")
             calls = body if isinstance(body, list) else [body]
+            if not calls or len(calls) > MAX_RPC_BATCH:
+                return _rpc_refusal(400, -32600, f"a batch holds 1 to {MAX_RPC_BATCH} calls")
             answers = []
             for call in calls:
-                if not isinstance(call, dict) or "method" not in call:
-                    answers.append({"jsonrpc": "2.0", "id": None,
-                                    "error": {"code": -32600, "message": "invalid request"}})
+                request_id = call.get("id") if isinstance(call, dict) else None
+                if not isinstance(request_id, str | int | None) or isinstance(request_id, bool):
+                    request_id = None
+                method, params = (call.get("method"), call.get("params")) if isinstance(
+                    call, dict) else (None, None)
+                if not isinstance(method, str) or not isinstance(params, list | None):
+                    answers.append({"jsonrpc": "2.0", "id": request_id, "error": {
+                        "code": -32600, "message": "invalid request: 'method' must be a string "
+                                                   "and 'params' an array"}})
                     continue
-                answer = await asyncio.to_thread(
-                    handler, call["method"], call.get("params") or [])
-                answers.append(answer | {"id": call.get("id")})
+                answer = await asyncio.to_thread(handler, method, params or [])
+                answers.append(answer | {"id": request_id})
             return JSONResponse(answers if isinstance(body, list) else answers[0])
 
         return endpoint
@@ -94,8 +104,8 @@ def routes(devnet: Devnet, base_url: str) -> list[Route]:
 
     async def faucet(request: Request) -> Response:
         try:
-            body = json.loads(await read_body(request, 4096) or b"{}")
-        except (BodyTooLarge, UnicodeDecodeError, json.JSONDecodeError):
+            body = await read_json(request, 4096, empty={})
+        except (BodyTooLarge, InvalidJson):
             return _err("body must be a small JSON object {network, address, amount}", "body")
         if not isinstance(body, dict):
             return _err("body must be a JSON object {network, address, amount}", "body")

@@ -26,6 +26,39 @@ class BodyTooLarge(Exception):
         self.limit = limit
 
 
+class InvalidJson(Exception):
+    """The body is not JSON paywire will parse: malformed, or past a structural limit (nesting
+    depth, number length). `message` says which and how to fix it."""
+
+    def __init__(self, message: str, code: str = "invalid_json") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def parse_json(raw: bytes) -> Any:
+    """A body's JSON, bounded (see skills.wire_json) before any parser recurses into it."""
+    try:
+        return wire_json.loads(raw)
+    except wire_json.JsonLimitError as exc:
+        raise InvalidJson(str(exc), "json_too_complex") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidJson(f"the body is not valid JSON ({_short(exc)})") from None
+
+
+def _short(exc: Exception) -> str:
+    return str(exc)[:200]
+
+
+async def read_json(request: Request, limit: int, *, empty: Any = None) -> Any:
+    """The request body parsed as bounded JSON; `empty` stands for an empty (or blank) body.
+    Raises BodyTooLarge or InvalidJson."""
+    raw = await read_body(request, limit)
+    if not raw.strip():
+        return empty
+    return parse_json(raw)
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing more than `limit` bytes without reading them all."""
     declared = request.headers.get("content-length")
@@ -60,6 +93,20 @@ def error_body(status: int, code: str, message: str, param: str | None) -> dict[
     elif status == 404:
         kind = "not_found_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def edge_error(path: str, status: int, code: str, message: str) -> Response:
+    """An error the gateway answers outside any route's handler (no route, wrong method, a bug),
+    in the shape of the face the path belongs to: JSON-RPC on /a2a, the marketplace's
+    `success: false` on its routes, OpenAI's everywhere else."""
+    if path.rstrip("/") == "/a2a":
+        rpc_code = -32603 if status >= 500 else -32600
+        return JSONResponse({"jsonrpc": "2.0", "id": None,
+                             "error": {"code": rpc_code, "message": message}}, status)
+    body = error_body(status, code, message, None)
+    if path.startswith(("/api/marketplace", "/v1/marketplace")):
+        body = {"success": False} | body
+    return JSONResponse(body, status)
 
 
 def timing_headers(outcome: Outcome) -> dict[str, str]:

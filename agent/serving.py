@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import sys
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("paywire.serving")
 
 STARTUP_FAILURE = 3  # uvicorn's exit code when the app did not start
 
@@ -14,8 +19,82 @@ STARTUP_FAILURE = 3  # uvicorn's exit code when the app did not start
 _ACCESS_LOG_LEVELS = {"trace", "debug", "info"}
 
 
-def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
-    return uvicorn.Config(app, host=host, port=port, loop="uvloop", http="httptools",
+HEADER_TIMEOUT_SECONDS = 10.0
+BODY_TIMEOUT_SECONDS = 60.0
+_TIMEOUT_ANSWER = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                   b"connection: close\r\ncontent-length: %d\r\n\r\n%s")
+
+
+class DeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol with read deadlines, which uvicorn lacks: a client must send a
+    request's headers within `header_timeout` of starting it (or of connecting), and its body
+    within `body_timeout` of the headers. Otherwise the connection is closed (with a 408 when no
+    answer has started), so slow or idle clients cannot hold file descriptors forever
+    (slowloris). Between requests uvicorn's own keep-alive timeout applies."""
+
+    header_timeout = HEADER_TIMEOUT_SECONDS
+    body_timeout = BODY_TIMEOUT_SECONDS
+
+    _deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.header_timeout, "headers")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm(self.header_timeout, "headers")
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm(self.body_timeout, "body")
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._expired, what, seconds)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self, what: str, seconds: float) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        client = "{}:{}".format(*self.client) if self.client else "a client"
+        log.warning("closed %s: request %s not received within %.0f s", client, what, seconds)
+        answering = self.cycle is not None and self.cycle.response_started
+        if not answering:
+            body = (b'{"error":{"message":"request %s not received within %.0f s","type":'
+                    b'"invalid_request_error","param":null,"code":"request_timeout"}}'
+                    % (what.encode(), seconds))
+            self.transport.write(_TIMEOUT_ANSWER % (len(body), body))
+        if self.cycle is not None:
+            self.cycle.disconnected = True  # the app's receive() now says http.disconnect
+            self.cycle.message_event.set()
+        self.transport.close()
+
+
+def deadline_protocol(header_timeout: float, body_timeout: float) -> type[DeadlineProtocol]:
+    """The protocol class with these deadlines (uvicorn instantiates it per connection)."""
+    return type("Deadlines", (DeadlineProtocol,), {"header_timeout": header_timeout,
+                                                   "body_timeout": body_timeout})
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
+                   header_timeout: float = HEADER_TIMEOUT_SECONDS,
+                   body_timeout: float = BODY_TIMEOUT_SECONDS) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, loop="uvloop",
+                          http=deadline_protocol(header_timeout, body_timeout),
                           log_level=log_level, proxy_headers=True,
                           access_log=str(log_level).lower() in _ACCESS_LOG_LEVELS)
 
@@ -45,9 +124,12 @@ class Server(uvicorn.Server):
         tune_garbage_collector()
 
 
-def serve(app: Any, *, host: str, port: int, log_level: str = "info") -> None:
+def serve(app: Any, *, host: str, port: int, log_level: str = "info",
+          header_timeout: float = HEADER_TIMEOUT_SECONDS,
+          body_timeout: float = BODY_TIMEOUT_SECONDS) -> None:
     """`uvicorn.run(app, ...)` for one process, with the settings above."""
-    server = Server(uvicorn_config(app, host=host, port=port, log_level=log_level))
+    server = Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+                                   header_timeout=header_timeout, body_timeout=body_timeout))
     try:
         server.run()
     except KeyboardInterrupt:

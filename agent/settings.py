@@ -33,6 +33,8 @@ class Settings:
     solana_facilitator_key: str = field(default="", repr=False)
     solana_rpc_url: str = ""
     max_body_bytes: int = 1024 * 1024
+    header_timeout_seconds: int = 10  # a request's headers must arrive within this
+    body_timeout_seconds: int = 60  # and its body within this after the headers
     max_timeout_seconds: int = 300
     resource_dirs: tuple[Path, ...] = ()
     a2a_payment_timeout_seconds: int = 900
@@ -77,6 +79,8 @@ class Settings:
             data_dir=Path(get("PAYWIRE_DATA_DIR", ".paywire")),
             database_url=get("PAYWIRE_DATABASE_URL"),
             max_body_bytes=positive_int("PAYWIRE_MAX_BODY_BYTES", 1024 * 1024),
+            header_timeout_seconds=positive_int("PAYWIRE_HEADER_TIMEOUT_SECONDS", 10),
+            body_timeout_seconds=positive_int("PAYWIRE_BODY_TIMEOUT_SECONDS", 60),
             max_timeout_seconds=positive_int("PAYWIRE_MAX_TIMEOUT_SECONDS", 300),
             resource_dirs=tuple(Path(p) for p in get("PAYWIRE_RESOURCE_DIRS").split(os.pathsep) if p),
             a2a_payment_timeout_seconds=positive_int("PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900),

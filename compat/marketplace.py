@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from starlette.requests import Request
@@ -10,7 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent.gateway import CallRequest, Gateway
-from agent.http_io import BodyTooLarge, error_body, payment_from, read_body, render
+from agent.http_io import BodyTooLarge, InvalidJson, error_body, payment_from, read_json, render
 from payments.money import display_usd
 
 MAX_PAGE_SIZE = 100
@@ -92,19 +91,14 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             return _bad("resource_id", f"no resource named '{resource_id}'; GET "
                         "/api/marketplace/apis lists them", 404, "unknown_resource")
         try:
-            raw = await read_body(request, max_body_bytes)
+            payload = await read_json(request, max_body_bytes, empty={})
         except BodyTooLarge as exc:
             return _bad("body", f"{exc}; send at most {exc.limit} bytes", 413, "body_too_large")
-        payload: Any = {}
-        if raw.strip():
-            try:
-                payload = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                return _bad("body", f"body is not valid JSON ({exc}); send a JSON object",
-                            code="invalid_json")
-            if not isinstance(payload, dict):
-                return _bad("body", f"body must be a JSON object, got {type(payload).__name__}",
-                            code="invalid_body")
+        except InvalidJson as exc:
+            return _bad("body", f"{exc.message}; send a JSON object", code=exc.code)
+        if not isinstance(payload, dict):
+            return _bad("body", f"body must be a JSON object, got {type(payload).__name__}",
+                        code="invalid_body")
         outcome = await gateway.call(CallRequest(
             skill_id=resource_id,
             payload=payload,

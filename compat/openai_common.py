@@ -13,9 +13,10 @@ from starlette.routing import Route
 from agent.gateway import CallRequest, Delivered, Gateway, Outcome
 from agent.http_io import (
     BodyTooLarge,
+    InvalidJson,
     error_body,
     payment_from,
-    read_body,
+    read_json,
     receipt_headers,
     render,
     timing_headers,
@@ -95,13 +96,11 @@ def error(status: int, code: str, message: str, param: str | None, **headers: st
 
 async def json_body(request: Request, limit: int) -> dict[str, Any] | Response:
     try:
-        raw = await read_body(request, limit)
+        body = await read_json(request, limit, empty={})
     except BodyTooLarge as exc:
         return error(413, "body_too_large", f"{exc}; send at most {exc.limit} bytes", None)
-    try:
-        body = wire_json.loads(raw or b"{}")
-    except (UnicodeDecodeError, ValueError) as exc:
-        return error(400, "invalid_json", f"the body is not valid JSON ({exc})", None)
+    except InvalidJson as exc:
+        return error(400, exc.code, exc.message, None)
     if not isinstance(body, dict):
         return error(400, "invalid_body", "the body must be a JSON object", None)
     return body

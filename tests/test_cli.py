@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-PAYWIRE = [sys.executable, "-m", "agent.cli"]
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.served_process import (
+    PAYWIRE,
+    ROOT,
+    free_port,
+    paywire_env,
+    start_paywire,
+    stop,
+    wait_healthy,
+)
 
 
 @dataclass
@@ -26,45 +29,14 @@ class Served:
     proc: subprocess.Popen[str]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[str]) -> None:
-    """Poll /health with a deadline until the server answers (or the process died)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("paywire serve did not start")
-        time.sleep(0.05)  # polling readiness with a deadline
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    port = _free_port()
-    env = {**os.environ, "PAYWIRE_DATA_DIR": str(tmp_path_factory.mktemp("cli") / ".paywire"),
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([*PAYWIRE, "serve", "--port", str(port), "--log-level", "warning"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    url = f"http://127.0.0.1:{port}"
-    _wait_healthy(url, proc)
-    served = Served(url, env, proc)
+    port = free_port()
+    env = paywire_env(tmp_path_factory.mktemp("cli") / ".paywire")
+    proc = start_paywire(port, env)
+    served = Served(f"http://127.0.0.1:{port}", env, proc)
     yield served
-    # a test may have restarted the server: stop whichever process is current
-    served.proc.terminate()
-    try:
-        served.proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        served.proc.kill()
+    stop(served.proc)  # a test may have restarted the server: whichever process is current
 
 
 def _pay(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
@@ -85,7 +57,7 @@ def test_serve_prints_the_devnet_banner_with_demo_payer_addresses(served: Served
     served.proc = subprocess.Popen([*PAYWIRE, "serve", "--port", port, "--log-level", "warning"],
                                    env=served.env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, text=True)
-    _wait_healthy(served.url, served.proc)
+    wait_healthy(served.url, served.proc)
 
 
 @pytest.mark.parametrize("network", ["evm", "solana"])

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent.serving import YOUNG_THRESHOLD, tune_garbage_collector, uvicorn_config
 from agent.timing import Timings
@@ -177,8 +178,8 @@ def test_long_texts_are_estimated_once_with_the_same_result() -> None:
 
 def test_uvicorn_settings() -> None:
     config = uvicorn_config(object(), host="127.0.0.1", port=1, log_level="warning")
-    assert (config.loop, config.http, config.proxy_headers, config.access_log) == (
-        "uvloop", "httptools", True, False)
+    assert (config.loop, config.proxy_headers, config.access_log) == ("uvloop", True, False)
+    assert issubclass(config.http, HttpToolsProtocol)  # httptools, with read deadlines
     assert uvicorn_config(object(), host="127.0.0.1", port=1, log_level="info").access_log
 
 
