@@ -22,6 +22,7 @@ from x402.schemas import PaymentRequired, PaymentRequiredV1, ResourceInfo, Settl
 from payments.codec import PaymentHeaderError, decode_payment_header
 from payments.ledger import AlreadyUsed, ClaimRequest, Ledger
 from payments.money import usd_to_atomic
+from payments.payload_shape import INVALID_PAYLOAD, payload_problem
 from payments.processor import Matched, PaymentProcessor, payment_key
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamAnswer, UpstreamError
 from skills.registry import SkillRegistry
@@ -147,6 +148,9 @@ class Gateway:
         matched = self.processor.match(payload_model, requirements, resource)
         if matched is None:
             return demand(*_mismatch(payload_model, requirements))
+        problem = payload_problem(matched.requirement.network, matched.payload.payload)
+        if problem is not None:  # refused here: a facilitator would raise on it, not answer
+            return demand(INVALID_PAYLOAD, f"payment rejected: {problem}")
 
         with t.stage("verify"):
             try:
