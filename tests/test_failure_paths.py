@@ -81,3 +81,29 @@ def test_unknown_resource_from_test_dir_is_listed_and_invocable(test_server: Liv
     items = httpx.get(f"{test_server.url}/api/marketplace/apis?category=test").json()["data"]
     assert {i["resource_id"] for i in items["items"]} == {"test-boom", "test-upstream-down",
                                                           "test-hooked", "test-stream"}
+
+
+@pytest.mark.parametrize(("path", "body", "shape"), [
+    ("/v1/chat/completions", {"model": "gpt-4o-mini", "messages": []}, "openai"),
+    ("/v1/marketplace/api/token-count-508", {"text": "x"}, "marketplace"),
+])
+def test_a_bug_is_a_500_in_the_route_shape_not_plain_text(
+    tmp_path_factory: pytest.TempPathFactory, path: str, body: dict, shape: str
+) -> None:
+    from tests.support.live_server import start_server
+
+    server = start_server(tmp_path_factory.mktemp("bug"))
+    try:
+        async def broken(request: object) -> None:
+            raise RuntimeError("a bug in the pipeline")
+
+        server.runtime.gateway.call = broken  # type: ignore[method-assign]
+        r = httpx.post(f"{server.url}{path}", json=body, timeout=30)
+    finally:
+        server.stop()
+    assert r.status_code == 500
+    assert r.headers["content-type"] == "application/json"
+    error = r.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "internal_error"
+    assert "RuntimeError" in error["message"] and "nothing was charged" in error["message"]
+    assert ("success" in r.json()) == (shape == "marketplace")
