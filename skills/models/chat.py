@@ -1,34 +1,157 @@
 """Chat (and the chat-shaped legacy routes): validation, quote, and the call itself.
 
-The quote is estimated input tokens (the token-count-508 estimator) x input price plus
-`max_tokens` (or the model's default) x output price, rounded up by the pipeline; below the
+The quote is token_quotes.py's rule: every input the upstream bills as prompt (the messages with
+their names, tools, functions, tool_choice, response_format; the token-count-508 estimator) x input
+price plus the paid output (the cap x n) x output price, rounded up by the pipeline; below the
 route's minimum it is the minimum, above its maximum the request is refused with how to bring it
-under. Identical requests get identical quotes.
+under. The upstream body is built from CHAT_FIELDS only and carries exactly the paid cap; fields the
+upstream would bill beyond that are refused. Identical requests get identical quotes.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 from typing import Any
 
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult, StreamUsage
 from ..tokens import estimate_messages
+from .request_fields import (
+    BUDGET,
+    FREE,
+    PRICED,
+    REFUSED,
+    Field,
+    FieldTable,
+    boolean,
+    integer,
+    obj,
+    one_of,
+    text,
+)
+from .token_quotes import (  # MAX_USD, MIN_USD: the route's range, also read from here
+    MAX_USD,  # noqa: F401
+    MIN_USD,  # noqa: F401
+    SAMPLING,
+    Input,
+    json_tokens,
+    output_budget,
+    token_cost,
+    token_quote,
+    usage_record,
+)
 from .upstream import Target, UpstreamClient
 
 ROLES = ("system", "user", "assistant")
-MIN_USD = Decimal("0.0001")
-MAX_USD = Decimal("0.50")
-MILLION = Decimal(1_000_000)
+MESSAGE_KEYS = ("role", "content", "name")
+MAX_MESSAGES = 2048
+MAX_NAME = 64  # a message's or a function's name
+MAX_TOOLS = 128  # OpenAI's limit on tools (and functions) per request
+MAX_DESCRIPTION = 1 << 20  # (the body limit bounds it first on REST)
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+# Reasoning budgets, spent inside the paid cap: field -> its budget key (OpenRouter's `reasoning`,
+# Anthropic's OpenAI-compatible `thinking`). OpenAI's reasoning_effort is a free option: its
+# reasoning tokens are output tokens, bounded by the cap.
+REASONING_BUDGETS = {"reasoning": "max_tokens", "thinking": "budget_tokens"}
+# Inputs the upstream bills as prompt besides the messages, counted as their JSON text.
+JSON_INPUTS = {"tools": "send fewer or shorter tools", "functions": "send fewer or shorter functions",
+               "tool_choice": "shorten tool_choice", "function_call": "shorten function_call",
+               "response_format": "shorten the response_format schema"}
 
 Targets = Callable[[], Sequence[Target]]
+
+
+def _items(check: Any, limit: int, what: str) -> Any:
+    def each(value: Any, name: str) -> None:
+        if not isinstance(value, list) or len(value) > limit:
+            raise SkillInputError(f"'{name}' must be an array of at most {limit} {what}", name)
+        for i, item in enumerate(value):
+            check(item, f"{name}.{i}")
+
+    return each
+
+
+def _or_mode(modes: tuple[str, ...], named: Any) -> Any:
+    """A mode string (auto, none...) or an object naming a function."""
+    def check(value: Any, name: str) -> None:
+        if isinstance(value, str):
+            one_of(*modes)(value, name)
+        else:
+            named(value, name)
+
+    return check
+
+
+def _modalities(value: Any, name: str) -> None:
+    if value != ["text"] and value != []:
+        raise SkillInputError(f"'{name}' may only be [\"text\"]: audio output is billed as audio tokens, "
+                              "which paywire does not price", name)
+
+
+def _store(value: Any, name: str) -> None:
+    if value is not False:
+        raise SkillInputError(f"'{name}' may only be false: a stored completion would be kept on "
+                              "paywire's upstream account", name)
+
+
+_FUNCTION = obj({"name": text(MAX_NAME), "description": text(MAX_DESCRIPTION, empty=True),
+                 "parameters": obj(), "strict": boolean}, required=("name",))
+_NAMED = obj({"name": text(MAX_NAME)}, required=("name",))
+_TOOL = obj({"type": one_of("function", why="built-in tools (web search, file search...) are billed "
+                            "per call by the upstream, which paywire does not price"),
+             "function": _FUNCTION}, required=("type", "function"))
+_RESPONSE_FORMAT = obj({
+    "type": one_of("text", "json_object", "json_schema"),
+    "json_schema": obj({"name": text(MAX_NAME), "description": text(MAX_DESCRIPTION, empty=True),
+                        "schema": obj(), "strict": boolean}, required=("name",)),
+}, required=("type",))
+
+# What /v1/chat/completions accepts (request_fields.py says what the kinds mean).
+CHAT_FIELDS = FieldTable("/v1/chat/completions", {
+    **SAMPLING,
+    "messages": Field(PRICED),  # checked by validate_chat; estimated with chat framing and names
+    "tools": Field(PRICED, _items(_TOOL, MAX_TOOLS, "function tools")),
+    "functions": Field(PRICED, _items(_FUNCTION, MAX_TOOLS, "functions")),
+    "tool_choice": Field(PRICED, _or_mode(("none", "auto", "required"), obj(
+        {"type": one_of("function"), "function": _NAMED}, required=("type", "function")))),
+    "function_call": Field(PRICED, _or_mode(("none", "auto"), _NAMED)),
+    "response_format": Field(PRICED, _RESPONSE_FORMAT),
+    "max_tokens": Field(BUDGET),  # (checked with the budget: token_quotes.output_budget)
+    "max_completion_tokens": Field(BUDGET),
+    "n": Field(BUDGET),
+    "reasoning": Field(BUDGET, obj({"effort": one_of(*EFFORTS), "max_tokens": None,
+                                    "exclude": boolean, "enabled": boolean})),
+    "thinking": Field(BUDGET, obj({"type": one_of("enabled", "disabled"), "budget_tokens": None},
+                                  required=("type",))),
+    "reasoning_effort": Field(FREE, one_of(*EFFORTS)),
+    "verbosity": Field(FREE, one_of("low", "medium", "high")),
+    "logprobs": Field(FREE, boolean),
+    "top_logprobs": Field(FREE, integer(0, 20)),
+    "parallel_tool_calls": Field(FREE, boolean),
+    "service_tier": Field(FREE, one_of("auto", "default", why="other tiers (priority, flex, scale) are "
+                                       "billed at other rates, which paywire does not price")),
+    "modalities": Field(FREE, _modalities),
+    "store": Field(FREE, _store),
+    "safety_identifier": Field(FREE, text(256)),
+    "prompt_cache_key": Field(FREE, text(256)),
+    "audio": Field(REFUSED, why="audio output is billed as audio tokens"),
+    "prediction": Field(REFUSED, why="a predicted output's rejected tokens are billed as output beyond "
+                                     "the paid cap"),
+    "web_search_options": Field(REFUSED, why="web search is billed per call by the upstream"),
+    "search_parameters": Field(REFUSED, why="live search is billed per source by the upstream"),
+    "plugins": Field(REFUSED, why="plugins (web search, file parsing) are billed per call by the upstream"),
+    "models": Field(REFUSED, why="fallback models are billed at their own prices"),
+})
 
 
 def validate_chat(body: dict[str, Any], spec: Any) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise SkillInputError("'messages' must be a non-empty list of {role, content}", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise SkillInputError(f"'messages' has {len(messages)} messages; send at most {MAX_MESSAGES}",
+                              "messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise SkillInputError(f"messages[{i}] must be an object {{role, content}}", f"messages.{i}")
@@ -38,47 +161,34 @@ def validate_chat(body: dict[str, Any], spec: Any) -> None:
                                   f"messages.{i}.role")
         if not isinstance(message.get("content"), str):
             raise SkillInputError(f"messages[{i}].content must be a string", f"messages.{i}.content")
-    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)
-                                   or not 1 <= max_tokens <= spec.max_output_tokens):
-        raise SkillInputError(f"'max_tokens' must be a whole number from 1 to "
-                              f"{spec.max_output_tokens} for {spec.id}", "max_tokens")
-    temperature = body.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool)
-                                    or not isinstance(temperature, int | float)
-                                    or not 0 <= temperature <= 2):
-        raise SkillInputError("'temperature' must be a number from 0 to 2", "temperature")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise SkillInputError("'stream' must be true or false", "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise SkillInputError("'stream_options' must be an object", "stream_options")
-    n = body.get("n", 1)
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
-        raise SkillInputError("'n' must be a whole number from 1 to 128", "n")
+        for key in message:
+            if key not in MESSAGE_KEYS:
+                raise SkillInputError(f"messages[{i}] has '{key}'; a message takes only "
+                                      f"{', '.join(MESSAGE_KEYS)} (text content)", f"messages.{i}.{key}")
+        if message.get("name") is not None:
+            text(MAX_NAME)(message["name"], f"messages.{i}.name")
+    CHAT_FIELDS.check(body)
+    output_budget(body, spec, inner=REASONING_BUDGETS)
 
 
-def output_budget(body: dict[str, Any], spec: Any) -> int:
-    value = body.get("max_tokens", body.get("max_completion_tokens"))
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else spec.default_max_tokens
+def chat_inputs(body: dict[str, Any], spec: Any) -> list[Input]:
+    """What the upstream bills as prompt: the messages (chat framing and names included), then the
+    tools, functions, tool_choice and response_format as their JSON text."""
+    parts = [Input("messages", estimate_messages(body.get("messages") or [], spec.id).tokens,
+                   "shorten the messages")]
+    for name, shorten in JSON_INPUTS.items():
+        if isinstance(body.get(name), dict | list):
+            parts.append(Input(name, json_tokens(body[name], spec.id), shorten))
+    return parts
 
 
 def chat_price(body: dict[str, Any], spec: Any) -> Decimal:
-    input_tokens = estimate_messages(body.get("messages") or [], spec.id).tokens
-    in_price, out_price = spec.prices.token_prices(input_tokens)  # long prompts may cost more
-    assert in_price is not None and out_price is not None  # the catalog sells priced models only
-    choices = body.get("n", 1) if isinstance(body.get("n", 1), int) else 1
-    out_tokens = output_budget(body, spec) * choices  # every choice is generated and billed
-    usd = (Decimal(input_tokens) * in_price + Decimal(out_tokens) * out_price) / MILLION
-    if usd > MAX_USD:
-        per_token = out_price / MILLION
-        room = (MAX_USD - Decimal(input_tokens) * in_price / MILLION) / per_token
-        fit = int(room.to_integral_value(rounding=ROUND_FLOOR)) if per_token else 0
-        hint = (f"lower max_tokens to {fit} or less" if fit >= 1
-                else "shorten the messages")
-        raise SkillInputError(f"this request would cost ${usd:.6f}, above the ${MAX_USD} maximum of "
-                              f"this route; {hint}", "max_tokens")
-    return max(usd, MIN_USD)
+    return token_quote(spec, chat_inputs(body, spec), output_budget(body, spec, inner=REASONING_BUDGETS))
+
+
+def chat_upstream_body(body: dict[str, Any], spec: Any) -> dict[str, Any]:
+    """The body an upstream gets: CHAT_FIELDS' fields only, with exactly the paid output budget."""
+    return {**CHAT_FIELDS.forward(body), **output_budget(body, spec, inner=REASONING_BUDGETS).forward}
 
 
 def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
@@ -92,31 +202,34 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
         return chat_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        upstream_body = {**_capped(body, spec), "stream": False}
+        upstream_body = chat_upstream_body(body, spec)
+        upstream_body.pop("stream_options", None)  # (only allowed with a stream)
+        upstream_body["stream"] = False
         answer, target, _ = await client.request(_require(targets, spec), "/chat/completions",
                                                  json_body=upstream_body)
         if not isinstance(answer, dict) or "choices" not in answer:
             raise UpstreamError("the model provider answered without choices", 502)
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        return SkillResult(body=answer, usage=_usage(usage, target),
-                           upstream_cost_usd=_cost(usage, spec))
+        return SkillResult(body=answer, usage=usage_record(usage, target),
+                           upstream_cost_usd=token_cost(usage, spec))
 
     def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
-        return metered_stream(client, _require(targets, spec), "/chat/completions", body, spec)
+        return metered_stream(client, _require(targets, spec), "/chat/completions",
+                              chat_upstream_body(body, spec), spec)
 
     return Operation("chat.completions", run, price, validate, stream)
 
 
 async def metered_stream(client: UpstreamClient, targets: Sequence[Target], path: str,
-                         body: dict[str, Any], spec: Any) -> AsyncIterator[Any]:
-    """An OpenAI token stream passed through chunk by chunk. The upstream is always asked for its
-    usage report (the ledger wants it); the caller sees that report only if it asked for it. The
-    last item is a StreamUsage for the pipeline."""
-    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+                         upstream: dict[str, Any], spec: Any) -> AsyncIterator[Any]:
+    """An OpenAI token stream passed through chunk by chunk; `upstream` is the route's upstream body
+    (paid cap included). The upstream is always asked for its usage report (the ledger wants it);
+    the caller sees that report only if it asked for it. The last item is a StreamUsage for the
+    pipeline."""
+    options = upstream.get("stream_options") if isinstance(upstream.get("stream_options"), dict) else {}
     wants_usage = options.get("include_usage") is True
-    upstream_body = {**_capped(body, spec), "stream": True,
-                     "stream_options": {**options, "include_usage": True}}
+    upstream_body = {**upstream, "stream": True, "stream_options": {**options, "include_usage": True}}
     served: list[Target] = []
     usage: dict[str, Any] | None = None
     async for event in client.stream(targets, path, upstream_body, on_start=served.append):
@@ -131,29 +244,9 @@ async def metered_stream(client: UpstreamClient, targets: Sequence[Target], path
                 event = {k: v for k, v in event.items() if k != "usage"}
         yield event
     if served:
-        yield StreamUsage(_usage(usage, served[0]), _cost(usage, spec))
-
-
-def _capped(body: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """The quote paid for `max_tokens` (or the model default): the upstream gets that cap too, so
-    the answer can never run past what was paid for."""
-    if "max_tokens" in body or "max_completion_tokens" in body:
-        return body
-    return {**body, "max_tokens": spec.default_max_tokens}
+        yield StreamUsage(usage_record(usage, served[0]), token_cost(usage, spec))
 
 
 def _require(targets: Targets, spec: Any) -> Sequence[Target]:
     """The model's usable upstreams; `targets` raises UpstreamError(503) naming what enables it."""
     return targets()
-
-
-def _usage(usage: dict[str, Any] | None, target: Target) -> dict[str, Any]:
-    return {"provider": target.provider, "upstream_model": target.model, **(usage or {})}
-
-
-def _cost(usage: dict[str, Any] | None, spec: Any) -> Decimal | None:
-    if not usage:
-        return None
-    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    in_price, out_price = spec.prices.token_prices(prompt)
-    return spec.upstream_cost((prompt * (in_price or 0) + completion * (out_price or 0)) / MILLION)

@@ -9,6 +9,10 @@ prices, and calls the model's upstreams:
   per call when the provider picks the length, within $0.001-$0.10;
 - images.generations / images.edits: n x the price of one image of that size and quality.
 
+Each route accepts the fields of its table below (request_fields.py): what is priced, what is free, and
+what is refused because the upstream would bill it beyond the price (partial images, high input
+fidelity); any other field is refused naming it, and the upstream gets the table's fields only.
+
 Uploads reach the operations as `UploadedFile` values inside the payload (see there for why).
 """
 
@@ -29,6 +33,7 @@ from ..skill import Operation, SkillResult
 from .audio_duration import audio_duration
 from .audio_elevenlabs import MAX_SECONDS, MEDIA_TYPE, MIN_SECONDS, SOUND_PATH, ElevenLabsTarget, sound_body
 from .chat import Targets
+from .request_fields import FREE, PRICED, REFUSED, Field, FieldTable, integer, one_of, text
 from .upstream import Target, UpstreamClient
 
 MILLION = Decimal(1_000_000)
@@ -38,11 +43,59 @@ GENERATION_USD = (Decimal("0.001"), Decimal("0.10"))
 
 SPEECH_FORMATS = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", "flac": "audio/flac",
                   "wav": "audio/wav", "pcm": "audio/pcm"}
-SPEECH_MAX_CHARS = 4096  # OpenAI's limit on `input`
+SPEECH_MAX_CHARS = 4096  # OpenAI's limit on `input` (and on `instructions`)
 TRANSCRIPTION_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+TRANSCRIPTION_PROMPT_CHARS = 1000  # whisper reads a prompt's last 224 tokens; a bound on what is unpriced
 MAX_IMAGES = 10  # OpenAI's bound for `n`
 MAX_EDIT_IMAGES = 16  # gpt-image-1 takes up to 16 input images
+IMAGE_PROMPT_CHARS = 32000  # OpenAI's longest (gpt-image-1; dall-e-2/3 take 1000/4000)
 TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
+
+# What each route accepts (request_fields.py says what the kinds mean). `model`: each upstream is sent
+# its own name for it. Fields without a check here are checked by the operation's validator.
+_MODEL = Field(FREE)
+SPEECH_FIELDS = FieldTable("/v1/audio/speech", {
+    "model": _MODEL,
+    "input": Field(PRICED),  # per character
+    "instructions": Field(PRICED),  # per character too (gpt-4o-mini-tts bills them as input)
+    "voice": Field(FREE), "response_format": Field(FREE), "speed": Field(FREE),
+    "stream_format": Field(FREE),
+})
+_AUDIO_TEXT = {
+    "model": _MODEL,
+    "file": Field(PRICED),  # its duration
+    "prompt": Field(FREE), "response_format": Field(FREE), "temperature": Field(FREE),
+    "stream": Field(FREE),  # (false only)
+}
+TRANSCRIPTION_FIELDS = FieldTable("/v1/audio/transcriptions", {
+    **_AUDIO_TEXT, "language": Field(FREE), "timestamp_granularities": Field(FREE), "include": Field(FREE)})
+TRANSLATION_FIELDS = FieldTable("/v1/audio/translations", _AUDIO_TEXT)
+GENERATION_FIELDS = FieldTable("/v1/audio/generations", {
+    "model": _MODEL,
+    "prompt": Field(FREE),
+    "duration_seconds": Field(PRICED),  # per second (absent: the price per call)
+    "prompt_influence": Field(FREE), "loop": Field(FREE),
+})
+_IMAGE = {
+    "model": _MODEL,
+    "prompt": Field(PRICED),  # (bounded at IMAGE_PROMPT_CHARS; priced within the image price)
+    "n": Field(PRICED), "size": Field(PRICED), "quality": Field(PRICED),  # n x the price per image
+    "response_format": Field(FREE),
+    "user": Field(FREE, text(256)),
+    "background": Field(FREE, one_of("transparent", "opaque", "auto")),
+    "output_format": Field(FREE, one_of("png", "jpeg", "webp")),
+    "output_compression": Field(FREE, integer(0, 100)),
+    "stream": Field(FREE),  # (false only)
+    "partial_images": Field(REFUSED, why="partial images are billed as extra output image tokens"),
+}
+IMAGE_FIELDS = FieldTable("/v1/images/generations", {
+    **_IMAGE, "style": Field(FREE, one_of("vivid", "natural")),
+    "moderation": Field(FREE, one_of("low", "auto")),
+})
+IMAGE_EDIT_FIELDS = FieldTable("/v1/images/edits", {
+    **_IMAGE, "image": Field(PRICED), "mask": Field(PRICED),
+    "input_fidelity": Field(REFUSED, why="high input fidelity bills more input image tokens"),
+})
 
 
 class UploadedFile(dict[str, Any]):
@@ -84,9 +137,14 @@ def _within(usd: Decimal, bounds: tuple[Decimal, Decimal], param: str, hint: str
     return max(usd, low)
 
 
+def speech_characters(body: dict[str, Any]) -> int:
+    """What speech is priced by: the characters of `input` and of `instructions`."""
+    return sum(len(body[name]) for name in ("input", "instructions") if isinstance(body.get(name), str))
+
+
 def speech_price(body: dict[str, Any], spec: Any) -> Decimal:
     per_mchars = spec.prices.per_mchars
-    usd = Decimal(len(body.get("input") or "")) * per_mchars / MILLION  # (an empty probe: the minimum)
+    usd = Decimal(speech_characters(body)) * per_mchars / MILLION  # (an empty probe: the minimum)
     fit = int(SPEECH_USD[1] * MILLION / per_mchars)
     return _within(usd, SPEECH_USD, "input", f"send at most {fit} characters")
 
@@ -183,7 +241,7 @@ def _uploads(value: Any, name: str, limit: int) -> list[UploadedFile]:
 
 
 def _image_options(body: dict[str, Any], spec: Any) -> None:
-    _string(body, "prompt", required=True)
+    _string(body, "prompt", required=True, max_len=IMAGE_PROMPT_CHARS)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_IMAGES):
         raise SkillInputError(f"'n' must be a whole number from 1 to {MAX_IMAGES}", "n")
@@ -273,21 +331,22 @@ def make_speech_operation(spec: Any, targets: Targets, client: UpstreamClient) -
                                   "voice")
         _choice(body, "response_format", tuple(SPEECH_FORMATS))
         _number(body, "speed", 0.25, 4.0)
-        _string(body, "instructions")
+        _string(body, "instructions", max_len=SPEECH_MAX_CHARS)
         _choice(body, "stream_format", ("audio",))  # raw audio only; "sse" is not relayed
+        SPEECH_FIELDS.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
         targets()  # 503 naming what would enable the model, before any quote
         return speech_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        audio, target, content_type = await client.request(targets(), "/audio/speech", json_body=body,
-                                                           raw=True)
+        audio, target, content_type = await client.request(targets(), "/audio/speech",
+                                                           json_body=SPEECH_FIELDS.forward(body), raw=True)
         if not audio or content_type.startswith(("application/json", "text/")):
             raise UpstreamError("the model provider answered without audio", 502)
         fmt = body.get("response_format") or "mp3"
         media_type = content_type if content_type.startswith("audio/") else SPEECH_FORMATS[fmt]
-        chars = len(body["input"])
+        chars = speech_characters(body)
         return SkillResult(body=audio, media_type=media_type,
                            usage=_usage(target, {"characters": chars, "response_format": fmt,
                                                         "bytes": len(audio)}),
@@ -300,6 +359,7 @@ def make_speech_operation(spec: Any, targets: Targets, client: UpstreamClient) -
 def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
     """Transcription (task "transcriptions") or translation into English ("translations")."""
     name = f"audio.{task}"
+    fields = TRANSCRIPTION_FIELDS if task == "transcriptions" else TRANSLATION_FIELDS
 
     def validate(body: dict[str, Any]) -> None:
         upload = _upload(body.get("file"), "file")
@@ -308,16 +368,17 @@ def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: U
                                   "priced by; send WAV, MP3, FLAC, Ogg (Opus, Vorbis) or M4A/MP4 audio",
                                   "file")
         _choice(body, "response_format", TRANSCRIPTION_FORMATS)
-        _string(body, "prompt")
+        _string(body, "prompt", max_len=TRANSCRIPTION_PROMPT_CHARS)
         _number(body, "temperature", 0, 1)
         _no_stream(body)
         if task == "transcriptions":
             _string(body, "language", max_len=16)
             for field in ("timestamp_granularities", "include"):
                 values = body.get(field)
-                if values is not None and (not isinstance(values, list)
+                if values is not None and (not isinstance(values, list) or len(values) > 8
                                            or not all(isinstance(v, str) for v in values)):
-                    raise SkillInputError(f"'{field}' must be an array of strings", field)
+                    raise SkillInputError(f"'{field}' must be an array of at most 8 strings", field)
+        fields.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
         targets()
@@ -325,8 +386,9 @@ def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: U
 
     async def run(body: dict[str, Any]) -> SkillResult:
         upload: UploadedFile = body["file"]
+        sent = fields.forward(body, without=("file",))
         raw, target, content_type = await _call(client, targets(), f"/audio/{task}",
-                                                lambda t: _form(t, body, {"file": [upload]}))
+                                                lambda t: _form(t, sent, {"file": [upload]}))
         seconds = upload.seconds or Decimal(0)
         cost = spec.upstream_cost(seconds * spec.prices.per_minute / 60)
         facts = {"audio_seconds": float(round(seconds, 3))}
@@ -359,6 +421,7 @@ def make_generation_operation(spec: Any, targets: Targets, client: UpstreamClien
         _number(body, "prompt_influence", 0, 1)
         if body.get("loop") is not None and not isinstance(body["loop"], bool):
             raise SkillInputError("'loop' must be true or false", "loop")
+        GENERATION_FIELDS.check(body)  # (the upstream body is built by sound_body, field by field)
 
     def price(body: dict[str, Any]) -> Decimal:
         targets()
@@ -395,13 +458,15 @@ def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: Any) -
 def make_image_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _image_options(body, spec)
+        IMAGE_FIELDS.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
         targets()
         return image_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        raw, target, _ = await client.request(targets(), "/images/generations", json_body=body, raw=True)
+        raw, target, _ = await client.request(targets(), "/images/generations",
+                                              json_body=IMAGE_FIELDS.forward(body), raw=True)
         return _image_result(raw, target, body, spec)
 
     return Operation("images.generations", run, price, validate)
@@ -413,6 +478,7 @@ def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClien
         if body.get("mask") is not None:
             _upload(body["mask"], "mask")
         _image_options(body, spec)
+        IMAGE_EDIT_FIELDS.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
         targets()
@@ -423,7 +489,7 @@ def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClien
         files = {"image" if len(images) == 1 else "image[]": images}
         if body.get("mask") is not None:
             files["mask"] = [body["mask"]]
-        fields = {k: v for k, v in body.items() if k not in ("image", "mask")}
+        fields = IMAGE_EDIT_FIELDS.forward(body, without=("image", "mask"))
         raw, target, _ = await _call(client, targets(), "/images/edits", lambda t: _form(t, fields, files))
         return _image_result(raw, target, body, spec)
 

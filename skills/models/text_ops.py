@@ -1,72 +1,67 @@
 """The legacy text endpoints of a model: completions, edits (run as a chat call) and embeddings.
 
-Quotes follow chat's rules (chat.py): estimated input tokens x input price plus the output budget
-(`max_tokens`, or the model's default) x output price, refused above the route's maximum with how
-to bring it under, charged at least the minimum. What differs is only what is counted: a legacy
-prompt is plain text (no chat framing); `n`/`best_of` and each prompt of an array get their own
-completion, so the output budget is multiplied by them; embeddings have no output.
+Quotes follow chat's rule (token_quotes.py): estimated input tokens x input price plus the paid output
+(the cap: `max_tokens`, or the model's default) x output price, refused above the route's maximum with
+how to bring it under, charged at least the minimum. What differs is only what is counted: a legacy
+prompt is plain text (no chat framing), every prompt of a batch is counted and so is the `suffix` each
+one gets; `n`/`best_of` and each prompt of an array get their own completions, so the cap is multiplied
+by them; embeddings have no output. Each route's upstream body is built from its field table (what it
+accepts, request_fields.py) with exactly the paid cap; anything else is refused, naming the field.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal
 from typing import Any
 
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_messages, estimate_tokens
-from .chat import (
-    MAX_USD,
+from .chat import Targets, metered_stream
+from .request_fields import BUDGET, FREE, PRICED, Field, FieldTable, boolean, integer, one_of, text
+from .token_quotes import (
     MILLION,
-    MIN_USD,
-    Targets,
-    _capped,
-    _cost,
-    _usage,
-    metered_stream,
+    SAMPLING,
+    Input,
     output_budget,
-    validate_chat,
+    token_cost,
+    token_quote,
+    usage_record,
 )
 from .upstream import UpstreamClient
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
-MAX_CHOICES = 128  # OpenAI's upper bound for `n` and `best_of`
-# Stands in for `messages` when chat's validator checks the sampling fields of a non-chat body.
-_NEUTRAL_MESSAGES = [{"role": "user", "content": ""}]
+MAX_PROMPTS = 2048  # prompts of one completions batch
 
-
-def token_quote(spec: Any, input_tokens: int, output_tokens: int, *, choices: int = 1,
-                input_param: str, shorten: str) -> Decimal:
-    """USD for `input_tokens` in and `choices` x `output_tokens` out, within the route's range.
-
-    With choices=1 this is chat_price's arithmetic; above MAX_USD the refusal says which
-    `max_tokens` would fit, or what to `shorten` (at `input_param`) when no output budget would.
-    """
-    in_price, out_price = spec.prices.token_prices(input_tokens)  # long prompts may cost more
-    assert in_price is not None  # the catalog sells priced models only
-    per_output = (out_price or Decimal(0)) * choices / MILLION  # embeddings have no output price
-    input_usd = Decimal(input_tokens) * in_price / MILLION
-    usd = input_usd + output_tokens * per_output
-    if usd > MAX_USD:
-        room = (MAX_USD - input_usd) / per_output if per_output else Decimal(0)
-        fit = int(room.to_integral_value(rounding=ROUND_FLOOR))
-        where, hint = (("max_tokens", f"lower max_tokens to {fit} or less") if fit >= 1
-                       else (input_param, shorten))
-        raise SkillInputError(f"this request would cost ${usd:.6f}, above the ${MAX_USD} maximum of "
-                              f"this route; {hint}", where)
-    return max(usd, MIN_USD)
-
-
-def _validate_sampling(body: dict[str, Any], spec: Any) -> None:
-    """max_tokens, temperature, stream, stream_options: chat's own checks, so the rules match."""
-    validate_chat({**body, "messages": _NEUTRAL_MESSAGES}, spec)
-    for name in ("n", "best_of"):
-        value = body.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or not 1 <= value <= MAX_CHOICES):
-            raise SkillInputError(f"'{name}' must be a whole number from 1 to {MAX_CHOICES}", name)
+# What each route accepts (request_fields.py says what the kinds mean).
+COMPLETIONS_FIELDS = FieldTable("/v1/completions", {
+    **SAMPLING,
+    "prompt": Field(PRICED),  # (checked by validate_completions)
+    "suffix": Field(PRICED, text(1 << 20, empty=True)),  # appended to every prompt: counted per prompt
+    "max_tokens": Field(BUDGET),
+    "n": Field(BUDGET),
+    "best_of": Field(BUDGET),  # generates best_of completions per prompt, each up to the cap
+    "echo": Field(FREE, boolean),
+    "logprobs": Field(FREE, integer(0, 5)),
+})
+EDITS_FIELDS = FieldTable("/v1/edits", {
+    "model": SAMPLING["model"], "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"],
+    "user": SAMPLING["user"],
+    "instruction": Field(PRICED),  # (sent as the system message)
+    "input": Field(PRICED),  # (sent as the user message)
+    "max_tokens": Field(BUDGET),
+    "max_completion_tokens": Field(BUDGET),
+    "n": Field(BUDGET),
+    "stream": Field(FREE, boolean),  # (true is refused: the edits API never streamed)
+})
+EMBEDDINGS_FIELDS = FieldTable("/v1/embeddings", {
+    "model": SAMPLING["model"], "user": SAMPLING["user"],
+    "input": Field(PRICED),  # (checked by validate_embeddings)
+    "encoding_format": Field(FREE, one_of("float", "base64")),
+    "dimensions": Field(FREE, integer(1, 1 << 16)),
+})
 
 
 def _strings(value: Any, name: str, *, allow_empty: bool) -> list[str]:
@@ -98,8 +93,12 @@ def _choices_of(answer: Any) -> list[Any]:
 def validate_completions(body: dict[str, Any], spec: Any) -> None:
     if "prompt" not in body:
         raise SkillInputError("'prompt' is required: a string or an array of strings", "prompt")
-    _strings(body["prompt"], "prompt", allow_empty=True)  # "" is a valid legacy prompt
-    _validate_sampling(body, spec)
+    prompts = _strings(body["prompt"], "prompt", allow_empty=True)  # "" is a valid legacy prompt
+    if len(prompts) > MAX_PROMPTS:
+        raise SkillInputError(f"'prompt' has {len(prompts)} prompts; send at most {MAX_PROMPTS} per "
+                              "request", "prompt")
+    COMPLETIONS_FIELDS.check(body)
+    output_budget(body, spec)
     n, best_of = body.get("n") or 1, body.get("best_of")
     if best_of is not None and best_of < n:
         raise SkillInputError("'best_of' must be greater than or equal to 'n'", "best_of")
@@ -107,14 +106,25 @@ def validate_completions(body: dict[str, Any], spec: Any) -> None:
         raise SkillInputError("'best_of' cannot be used with 'stream'", "best_of")
 
 
-def completions_price(body: dict[str, Any], spec: Any) -> Decimal:
+def _prompts(body: dict[str, Any]) -> list[str]:
     prompt = body.get("prompt", "")
-    prompts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
-    input_tokens = sum(estimate_tokens(p, spec.id).tokens for p in prompts)
-    # every prompt gets max(n, best_of) completions generated upstream, each up to the budget
-    choices = max(1, len(prompts)) * max(body.get("n") or 1, body.get("best_of") or 1)
-    return token_quote(spec, input_tokens, output_budget(body, spec), choices=choices,
-                       input_param="prompt", shorten="shorten the prompt")
+    return [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
+
+
+def completions_price(body: dict[str, Any], spec: Any) -> Decimal:
+    prompts = _prompts(body)
+    suffix = body.get("suffix") if isinstance(body.get("suffix"), str) else ""
+    inputs = [Input("prompt", sum(estimate_tokens(p, spec.id).tokens for p in prompts),
+                    "shorten the prompt or send fewer prompts")]
+    if suffix:
+        inputs.append(Input("suffix", estimate_tokens(suffix, spec.id).tokens * max(1, len(prompts)),
+                            "shorten the suffix"))
+    # every prompt gets max(n, best_of) completions generated upstream, each up to the cap
+    return token_quote(spec, inputs, output_budget(body, spec, prompts=len(prompts)))
+
+
+def completions_upstream_body(body: dict[str, Any], spec: Any) -> dict[str, Any]:
+    return {**COMPLETIONS_FIELDS.forward(body), **output_budget(body, spec).forward}
 
 
 def make_completions_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
@@ -128,23 +138,23 @@ def make_completions_operation(spec: Any, targets: Targets, client: UpstreamClie
         return completions_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        answer, target, _ = await client.request(targets(), "/completions",
-                                                 json_body={**_capped(body, spec), "stream": False})
+        upstream_body = completions_upstream_body(body, spec)
+        upstream_body.pop("stream_options", None)  # (only allowed with a stream)
+        upstream_body["stream"] = False
+        answer, target, _ = await client.request(targets(), "/completions", json_body=upstream_body)
         _choices_of(answer)
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        return SkillResult(body=answer, usage=_usage(usage, target), upstream_cost_usd=_cost(usage, spec))
+        return SkillResult(body=answer, usage=usage_record(usage, target),
+                           upstream_cost_usd=token_cost(usage, spec))
 
     def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
-        return metered_stream(client, targets(), "/completions", body, spec)
+        return metered_stream(client, targets(), "/completions", completions_upstream_body(body, spec), spec)
 
     return Operation("completions", run, price, validate, stream)
 
 
 # ---- edits ---------------------------------------------------------------------------------------
-
-# Fields of a legacy edit request that mean the same in a chat request.
-_EDIT_PASSTHROUGH = ("temperature", "top_p", "n", "max_tokens", "max_completion_tokens", "user")
 
 
 def validate_edits(body: dict[str, Any], spec: Any) -> None:
@@ -157,7 +167,8 @@ def validate_edits(body: dict[str, Any], spec: Any) -> None:
     if body.get("stream") is True:  # the edits API never streamed; say so rather than ignore it
         raise SkillInputError("/v1/edits does not stream; leave 'stream' out or use "
                               "/v1/chat/completions", "stream")
-    _validate_sampling(body, spec)
+    EDITS_FIELDS.check(body)
+    output_budget(body, spec)
 
 
 def edit_messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -168,8 +179,8 @@ def edit_messages(body: dict[str, Any]) -> list[dict[str, str]]:
 def edits_price(body: dict[str, Any], spec: Any) -> Decimal:
     # the call is a chat call: its messages are counted as chat counts them (framing included)
     input_tokens = estimate_messages(edit_messages(body), spec.id).tokens
-    return token_quote(spec, input_tokens, output_budget(body, spec), choices=body.get("n") or 1,
-                       input_param="input", shorten="shorten the instruction or the input")
+    return token_quote(spec, [Input("input", input_tokens, "shorten the instruction or the input")],
+                       output_budget(body, spec))
 
 
 def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
@@ -184,8 +195,8 @@ def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) ->
         return edits_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        chat = {"messages": edit_messages(body), "stream": False,
-                **{k: body[k] for k in _EDIT_PASSTHROUGH if k in body}}
+        chat = {**EDITS_FIELDS.forward(body, without=("instruction", "input", "stream")),
+                "messages": edit_messages(body), **output_budget(body, spec).forward, "stream": False}
         answer, target, _ = await client.request(targets(), "/chat/completions", json_body=chat)
         choices = []
         for i, choice in enumerate(_choices_of(answer)):
@@ -200,7 +211,8 @@ def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) ->
                 "choices": choices,
                 "usage": {k: int((usage or {}).get(k) or 0)
                           for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
-        return SkillResult(body=edit, usage=_usage(usage, target), upstream_cost_usd=_cost(usage, spec))
+        return SkillResult(body=edit, usage=usage_record(usage, target),
+                           upstream_cost_usd=token_cost(usage, spec))
 
     return Operation("edits", run, price, validate)
 
@@ -215,24 +227,19 @@ def validate_embeddings(body: dict[str, Any], spec: Any) -> None:
     if len(inputs) > MAX_EMBEDDING_INPUTS:
         raise SkillInputError(f"'input' has {len(inputs)} items; send at most {MAX_EMBEDDING_INPUTS} "
                               "per request", "input")
-    if body.get("encoding_format", "float") not in ("float", "base64"):
-        raise SkillInputError("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-    dimensions = body.get("dimensions")
-    if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)
-                                   or dimensions < 1):
-        raise SkillInputError("'dimensions' must be a positive whole number", "dimensions")
+    EMBEDDINGS_FIELDS.check(body)
 
 
 def embeddings_price(body: dict[str, Any], spec: Any) -> Decimal:
     raw = body.get("input", "")
     inputs = [raw] if isinstance(raw, str) else [t for t in raw if isinstance(t, str)]
     input_tokens = sum(estimate_tokens(t, spec.id).tokens for t in inputs)
-    return token_quote(spec, input_tokens, 0, input_param="input", shorten="send fewer or shorter inputs")
+    return token_quote(spec, [Input("input", input_tokens, "send fewer or shorter inputs")], None)
 
 
 def make_embeddings_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
-    """POST /v1/embeddings of one model; `encoding_format` and `dimensions` go to the upstream as
-    given, so a base64 answer is passed through untouched."""
+    """POST /v1/embeddings of one model; EMBEDDINGS_FIELDS go to the upstream as given (a base64
+    answer is passed through untouched), nothing else."""
 
     def validate(body: dict[str, Any]) -> None:
         validate_embeddings(body, spec)
@@ -242,7 +249,8 @@ def make_embeddings_operation(spec: Any, targets: Targets, client: UpstreamClien
         return embeddings_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        answer, target, _ = await client.request(targets(), "/embeddings", json_body=body)
+        answer, target, _ = await client.request(targets(), "/embeddings",
+                                                 json_body=EMBEDDINGS_FIELDS.forward(body))
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
             raise UpstreamError("the model provider answered without embeddings", 502)
         answer["model"] = spec.id
@@ -251,7 +259,7 @@ def make_embeddings_operation(spec: Any, targets: Targets, client: UpstreamClien
         if usage and spec.prices.input_per_mtok is not None:
             cost = spec.upstream_cost(
                 Decimal(int(usage.get("prompt_tokens") or 0)) * spec.prices.input_per_mtok / MILLION)
-        return SkillResult(body=answer, usage=_usage(usage, target), upstream_cost_usd=cost)
+        return SkillResult(body=answer, usage=usage_record(usage, target), upstream_cost_usd=cost)
 
     return Operation("embeddings", run, price, validate)
 

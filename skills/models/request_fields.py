@@ -1,0 +1,185 @@
+"""What a model route accepts, field by field: you get what you paid for, not more.
+
+Everything an upstream bills is priced before the quote, and the upstream is capped at what was paid
+for. So no route passes a caller's body through: each route has a `FieldTable` naming every field it
+accepts and what that field is:
+
+- PRICED: counted by the quote: input (messages, tools, prompt, the text to speak, the audio file...)
+  or an option that picks the price (image size, quality and count, a sound's duration);
+- BUDGET: an output budget (max_tokens, max_completion_tokens, n, best_of, reasoning budgets): priced,
+  and the upstream body gets exactly the paid values, written by the route itself (token_quotes.py);
+- FREE: costs nothing upstream (sampling, formats, the model name): checked, forwarded as given;
+- REFUSED: the upstream would bill it and paywire does not price it (audio output, predicted outputs,
+  web search...): refused with a 400 naming it.
+
+A field the table does not name is refused too (400 naming it and listing what the route accepts),
+and the upstream body is built from the table only, so nothing reaches an upstream unpriced. `null`
+means absent, as in OpenAI's API: a null field is neither checked nor forwarded (a null output budget
+is the default budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SkillInputError
+
+PRICED, BUDGET, FREE, REFUSED = "priced", "budget", "free", "refused"
+MAX_JSON_DEPTH = 64  # nesting of a JSON value we count (tool parameters, schemas): far above real use
+
+Check = Callable[[Any, str], None]  # (value, its field path) -> None, or SkillInputError naming it
+
+
+@dataclass(frozen=True)
+class Field:
+    kind: str
+    check: Check | None = None
+    why: str = ""  # REFUSED: what the upstream would bill
+
+
+@dataclass(frozen=True)
+class FieldTable:
+    """The fields one route accepts. `check` refuses what the table does not allow; `forward` is the
+    only way a route builds its upstream body from the caller's."""
+
+    route: str
+    fields: Mapping[str, Field]
+
+    def check(self, body: Mapping[str, Any]) -> None:
+        for name, value in body.items():
+            field = self._known(name)
+            if value is not None and field.check is not None:
+                field.check(value, name)
+
+    def forward(self, body: Mapping[str, Any], *, without: Collection[str] = ()) -> dict[str, Any]:
+        """The PRICED and FREE fields the caller set (BUDGET fields are the route's to write). A field
+        outside the table raises even here: a body that skipped validation forwards nothing unpriced."""
+        out = {}
+        for name, value in body.items():
+            field = self._known(name)
+            if value is not None and field.kind in (PRICED, FREE) and name not in without:
+                out[name] = value
+        return out
+
+    def accepted(self) -> str:
+        return ", ".join(name for name, f in self.fields.items() if f.kind != REFUSED)
+
+    def _known(self, name: str) -> Field:
+        field = self.fields.get(name)
+        if field is None:
+            raise SkillInputError(
+                f"'{name}' is not accepted on {self.route}: paywire forwards only the fields it prices "
+                f"or that cost nothing upstream; this route accepts {self.accepted()}", name)
+        if field.kind == REFUSED:
+            raise SkillInputError(f"'{name}' is refused on {self.route}: {field.why}, which paywire "
+                                  "does not price; leave it out", name)
+        return field
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def boolean(value: Any, name: str) -> None:
+    if not isinstance(value, bool):
+        raise SkillInputError(f"'{name}' must be true or false", name)
+
+
+def number(low: float, high: float) -> Check:
+    def check(value: Any, name: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise SkillInputError(f"'{name}' must be a number from {low:g} to {high:g}", name)
+
+    return check
+
+
+def integer(low: int, high: int) -> Check:
+    def check(value: Any, name: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SkillInputError(f"'{name}' must be a whole number from {low} to {high}", name)
+
+    return check
+
+
+def text(max_len: int, *, empty: bool = False) -> Check:
+    def check(value: Any, name: str) -> None:
+        if not isinstance(value, str) or (not value and not empty):
+            raise SkillInputError(f"'{name}' must be a {'' if empty else 'non-empty '}string", name)
+        if len(value) > max_len:
+            raise SkillInputError(f"'{name}' is {len(value)} characters long; the maximum is {max_len}",
+                                  name)
+
+    return check
+
+
+def one_of(*allowed: Any, why: str = "") -> Check:
+    """`why` explains a refusal of the other values (e.g. the upstream bills them at other rates)."""
+    shown = ", ".join(str(a) for a in allowed)
+
+    def check(value: Any, name: str) -> None:
+        if isinstance(value, bool) or value not in allowed:
+            raise SkillInputError(f"'{name}' must be one of {shown}, got {value!r}"
+                                  + (f": {why}" if why else ""), name)
+
+    return check
+
+
+def texts(max_items: int, max_len: int) -> Check:
+    """A string or an array of at most `max_items` strings (e.g. `stop`)."""
+    one = text(max_len, empty=True)
+
+    def check(value: Any, name: str) -> None:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or len(items) > max_items:
+            raise SkillInputError(f"'{name}' must be a string or an array of at most {max_items} strings",
+                                  name)
+        for i, item in enumerate(items):
+            one(item, name if isinstance(value, str) else f"{name}.{i}")
+
+    return check
+
+
+def string_list(max_items: int, max_len: int) -> Check:
+    one = text(max_len)
+
+    def check(value: Any, name: str) -> None:
+        if not isinstance(value, list) or len(value) > max_items:
+            raise SkillInputError(f"'{name}' must be an array of at most {max_items} strings", name)
+        for i, item in enumerate(value):
+            one(item, f"{name}.{i}")
+
+    return check
+
+
+def obj(fields: Mapping[str, Check | None] | None = None, *, required: Sequence[str] = ()) -> Check:
+    """A JSON object; with `fields`, only those keys (each checked when not null)."""
+    def check(value: Any, name: str) -> None:
+        if not isinstance(value, dict):
+            raise SkillInputError(f"'{name}' must be an object", name)
+        json_value(value, name)
+        for key, item in value.items() if fields is not None else ():
+            if key not in fields:
+                raise SkillInputError(f"'{name}' accepts only {', '.join(fields)}; '{key}' is not one of "
+                                      "them", f"{name}.{key}")
+            inner = fields[key]
+            if item is not None and inner is not None:
+                inner(item, f"{name}.{key}")
+        for key in required:
+            if value.get(key) is None:
+                raise SkillInputError(f"'{name}.{key}' is required", f"{name}.{key}")
+
+    return check
+
+
+def json_value(value: Any, name: str) -> None:
+    """Nested at most MAX_JSON_DEPTH deep (what the quote serialises to count it)."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise SkillInputError(f"'{name}' is nested more than {MAX_JSON_DEPTH} levels deep", name)
+        level = [child for item in level
+                 for child in (item.values() if isinstance(item, dict) else
+                               item if isinstance(item, list) else ())
+                 if isinstance(child, dict | list)]

@@ -1,0 +1,165 @@
+"""The token quote shared by chat, completions and edits (embeddings: input only).
+
+quote = estimated input tokens x input price + paid completions x output cap x output price, rounded up
+by the pipeline; below MIN_USD it is the minimum, above MAX_USD the request is refused with how to bring
+it under. Input is everything the upstream bills as prompt: messages (names included), tools,
+functions, tool_choice, response_format schemas, every prompt of a batch, a suffix. The output budget
+is one cap per completion, forwarded upstream as exactly what was paid:
+
+- `max_tokens` or `max_completion_tokens` (null = absent = the model's default). They are aliases
+  upstream (OpenAI, vLLM), so both given with different values is refused (400 naming
+  `max_completion_tokens`); the cap is forwarded in one field only, the one the caller used
+  (`max_completion_tokens` if sent, `max_tokens` otherwise), so no uncapped alias reaches the upstream;
+- completions: `n` (and `best_of`, which generates that many) per prompt, each up to the cap;
+- reasoning budgets (`reasoning.max_tokens`, `thinking.budget_tokens`) are spent inside the cap, so
+  they may not exceed it.
+
+Quotes are a pure function of the request: identical requests get identical quotes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_FLOOR, Decimal
+from typing import Any
+
+from ..errors import SkillInputError
+from ..tokens import estimate_tokens
+from .request_fields import FREE, Field, boolean, integer, number, obj, text, texts
+from .upstream import Target
+
+MIN_USD = Decimal("0.0001")
+MAX_USD = Decimal("0.50")
+MILLION = Decimal(1_000_000)
+CAP_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_CHOICES = 128  # OpenAI's upper bound for `n` and `best_of`
+MAX_STOP = 4
+MAX_LOGIT_BIAS = 300
+
+
+def _logit_bias(value: Any, name: str) -> None:
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+        raise SkillInputError(f"'{name}' must be an object of at most {MAX_LOGIT_BIAS} token ids -> "
+                              "bias", name)
+    for key, bias in value.items():
+        number(-100, 100)(bias, f"{name}.{key}")
+
+
+# Free sampling fields of every token route (the routes add their own). Null means absent.
+SAMPLING: dict[str, Field] = {
+    "model": Field(FREE),  # each upstream is sent its own name for the model
+    "temperature": Field(FREE, number(0, 2)),
+    "top_p": Field(FREE, number(0, 1)),
+    "presence_penalty": Field(FREE, number(-2, 2)),
+    "frequency_penalty": Field(FREE, number(-2, 2)),
+    "seed": Field(FREE, integer(-(2**63), 2**63 - 1)),
+    "stop": Field(FREE, texts(MAX_STOP, 1000)),
+    "logit_bias": Field(FREE, _logit_bias),
+    "user": Field(FREE, text(256)),
+    "stream": Field(FREE, boolean),
+    "stream_options": Field(FREE, obj({"include_usage": boolean, "include_obfuscation": boolean})),
+}
+
+
+@dataclass(frozen=True)
+class Input:
+    """One priced part of the input: the field it comes from, its tokens, how to make it smaller."""
+
+    param: str
+    tokens: int
+    shorten: str
+
+
+@dataclass(frozen=True)
+class OutputBudget:
+    """What the quote pays for and the upstream is capped at."""
+
+    field: str  # the cap's field upstream: max_tokens or max_completion_tokens
+    cap: int  # tokens per completion
+    completions: int  # completions generated upstream (prompts x max(n, best_of))
+    forward: dict[str, Any] = field(default_factory=dict)  # the budget fields of the upstream body
+
+
+def output_budget(body: Mapping[str, Any], spec: Any, *, prompts: int = 1,
+                  inner: Mapping[str, str] | None = None) -> OutputBudget:
+    """The paid output of a request (checked: 400 naming the field when it cannot be paid for).
+    `inner`: reasoning budgets spent inside the cap, field -> its budget key."""
+    given = {name: body[name] for name in CAP_FIELDS if body.get(name) is not None}
+    for name, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= spec.max_output_tokens:
+            raise SkillInputError(f"'{name}' must be a whole number from 1 to {spec.max_output_tokens} "
+                                  f"for {spec.id}", name)
+    if len(set(given.values())) > 1:
+        raise SkillInputError(
+            f"'max_tokens' ({given['max_tokens']}) and 'max_completion_tokens' "
+            f"({given['max_completion_tokens']}) differ; they are the same output cap (upstreams honour "
+            "either), so send one of them", "max_completion_tokens")
+    cap_field = "max_completion_tokens" if "max_completion_tokens" in given else "max_tokens"
+    cap = given[cap_field] if given else spec.default_max_tokens
+    forward: dict[str, Any] = {cap_field: cap}
+    choices = 1
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is not None:
+            integer(1, MAX_CHOICES)(value, name)
+            forward[name] = value
+            choices = max(choices, value)
+    for name, key in (inner or {}).items():
+        value = body.get(name)
+        budget = value.get(key) if isinstance(value, dict) else None
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                                   or not 1 <= budget <= cap):
+            raise SkillInputError(f"'{name}.{key}' must be a whole number from 1 to {cap}: reasoning is "
+                                  f"spent inside the paid output cap ({cap_field} = {cap})",
+                                  f"{name}.{key}")
+        if value is not None:
+            forward[name] = value
+    return OutputBudget(cap_field, cap, max(1, prompts) * choices, forward)
+
+
+def json_tokens(value: Any, model: str) -> int:
+    """Tokens of a JSON value (tools, schemas) as the upstream receives it: its compact JSON text."""
+    if value is None or isinstance(value, str) and not value:
+        return 0
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return estimate_tokens(text, model).tokens
+
+
+def token_quote(spec: Any, inputs: Sequence[Input], budget: OutputBudget | None) -> Decimal:
+    """USD for `inputs` in and the paid output out (None: no output, embeddings), within the route's
+    range. Above MAX_USD the refusal says which cap would fit, or which input to shorten when the input
+    alone is over (the largest part, at its field)."""
+    input_tokens = sum(part.tokens for part in inputs)
+    in_price, out_price = spec.prices.token_prices(input_tokens)  # long prompts may cost more
+    assert in_price is not None  # the catalog sells priced models only
+    input_usd = Decimal(input_tokens) * in_price / MILLION
+    per_token = (out_price or Decimal(0)) * (budget.completions if budget else 0) / MILLION
+    usd = input_usd + (budget.cap if budget else 0) * per_token
+    if usd <= MAX_USD:
+        return max(usd, MIN_USD)
+    fit = int(((MAX_USD - input_usd) / per_token).to_integral_value(rounding=ROUND_FLOOR)) \
+        if per_token and input_usd < MAX_USD else 0
+    if budget is not None and fit >= 1:
+        where, hint = budget.field, f"lower {budget.field} to {fit} or less"
+    else:
+        largest = max(inputs, key=lambda part: part.tokens)
+        where, hint = largest.param, f"{largest.shorten} (about {largest.tokens} tokens)"
+    raise SkillInputError(f"this request would cost ${usd:.6f}, above the ${MAX_USD} maximum of this "
+                          f"route; {hint}", where)
+
+
+def usage_record(usage: Mapping[str, Any] | None, target: Target) -> dict[str, Any]:
+    """For the ledger: who served the call, then the upstream's own usage report."""
+    return {"provider": target.provider, "upstream_model": target.model, **(usage or {})}
+
+
+def token_cost(usage: Mapping[str, Any] | None, spec: Any) -> Decimal | None:
+    """What the upstream charged for a reported usage (the margin taken off)."""
+    if not usage:
+        return None
+    prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    in_price, out_price = spec.prices.token_prices(prompt)
+    return spec.upstream_cost((prompt * (in_price or 0) + completion * (out_price or 0)) / MILLION)
+
