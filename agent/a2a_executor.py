@@ -8,10 +8,17 @@ Payment, both ways, through the same `Gateway.call` as REST (same price, ledger,
   `x402.payment.required`; the client answers on the same task with `payment-submitted` and
   `x402.payment.payload`; the task completes with `x402.payment.receipts` or fails with
   `x402.payment.error`.
+
+Cancellation never cuts a settlement halfway. `PaywireRequestHandler` (a2a_tasks) refuses a
+cancel unless the task waits for payment with no call in flight, so the SDK never cancels running
+work on a caller's request. When the SDK cancels an execution anyway (shutdown), a call whose
+settlement had not begun is stopped (nothing is charged: `SettleGuard`), and one whose settlement
+had begun runs to its end and its result and receipt are stored on the task.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import time
@@ -25,18 +32,30 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue_v2 import EventQueue
 from a2a.server.routes.common import DefaultServerCallContextBuilder
-from a2a.server.tasks import TaskUpdater
-from a2a.types import Message, Part, Role, Task, TaskState, TaskStatus
+from a2a.server.tasks import TaskStore, TaskUpdater
+from a2a.server.tasks.task_manager import append_artifact_to_task
+from a2a.types import (
+    Message,
+    Part,
+    Role,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
 from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 from starlette.requests import Request
 
-from payments.codec import encode_json_b64, read_payment_header
+from payments.codec import encode_json_b64
 from payments.identity import wallet_owner
+from payments.processor import SettleGuard, settle_guard
 
 from .a2a_messages import (
     ERROR_KEY,
+    PAYER_KEY,
     PAYLOAD_KEY,
     RECEIPTS_KEY,
     REQUEST_KEY,
@@ -53,32 +72,47 @@ from .gateway import CallRequest, Delivered, Gateway, Outcome, PaymentDemanded, 
 
 @dataclass
 class HttpPaymentScope:
-    """Per-HTTP-request slot where the executor leaves what the HTTP layer must answer with."""
+    """Per-HTTP-request slot: the payment header the HTTP layer read (kept out of the SDK's call
+    context, which its debug logs print), and what the executor leaves for the HTTP answer."""
 
+    payment: tuple[str, str] | None = None
     receipt: Any = None
     demanded: PaymentDemanded | None = None
     outcomes: list[Outcome] = field(default_factory=list)
 
 
-OWNER_STATE = "paywire_owner"  # request.state key / call-context state key of the caller's identity
+# request.state / call-context state keys, filled by the HTTP layer (a2a_http):
+OWNER_STATE = "paywire_owner"  # who owns the tasks this call creates: `wallet:..` or `token:<sha256>`
+PRINCIPALS_STATE = "paywire_principals"  # every identity the caller proved; reads match any of them
+NOBODY = "nobody"  # the owner of a call that proved nothing (it can only read nothing)
+# Headers that prove or pay: dropped from the SDK's call context (its DEBUG logs print contexts).
+SECRET_HEADERS = ("authorization", "cookie", "paywire-task-token", "sign-in-with-x",
+                  "payment-signature", "x-payment")
 
 
 class OwnerContextBuilder(DefaultServerCallContextBuilder):
-    """Carries the identity the HTTP layer proved (SIWX) into the A2A call context."""
+    """Carries the identity the HTTP layer proved (SIWX, task token) into the A2A call context."""
 
     def build(self, request: Request) -> ServerCallContext:
         context = super().build(request)
-        context.state[OWNER_STATE] = getattr(request.state, OWNER_STATE, "anonymous")
+        headers = context.state.get("headers")
+        if isinstance(headers, dict):
+            for name in SECRET_HEADERS:
+                headers.pop(name, None)
+        context.state[OWNER_STATE] = getattr(request.state, OWNER_STATE, NOBODY)
+        context.state[PRINCIPALS_STATE] = tuple(getattr(request.state, PRINCIPALS_STATE, ()))
         return context
 
 
 def task_owner(context: ServerCallContext) -> str:
-    """Owner of the tasks a call creates or may read: a proven or paying wallet, else anonymous.
+    """The owner a new task is stored under: the caller's proven wallet, else its task token's
+    hash. A stored task keeps the owner that created it (see `a2a_tasks.OwnedTaskStore`)."""
+    return str(context.state.get(OWNER_STATE, NOBODY))
 
-    Anonymous tasks are those nobody paid for (quotes, free help, refused calls): a task a payer
-    paid for is owned by that payer's wallet and is readable only with a SIWX proof of it.
-    """
-    return str(context.state.get(OWNER_STATE, "anonymous"))
+
+def caller_principals(context: ServerCallContext) -> tuple[str, ...]:
+    """Every identity the caller proved: it may read a task owned by, or paid by, any of them."""
+    return tuple(context.state.get(PRINCIPALS_STATE, ()))
 
 
 http_payment_scope: contextvars.ContextVar[HttpPaymentScope | None] = contextvars.ContextVar(
@@ -113,10 +147,27 @@ def _dump(model: Any) -> dict[str, Any]:
 
 
 class PaywireExecutor(AgentExecutor):
-    def __init__(self, gateway: Gateway, rpc_url: str, payment_window_seconds: float = 900) -> None:
+    def __init__(self, gateway: Gateway, rpc_url: str, payment_window_seconds: float = 900,
+                 store: TaskStore | None = None) -> None:
         self.gateway = gateway
         self.rpc_url = rpc_url
         self.payment_window = payment_window_seconds
+        self.store = store  # where a task is saved when the SDK dropped its queue (shutdown)
+        self._running: set[str] = set()  # tasks with a call in the pipeline (it may settle)
+        self._canceling: set[str] = set()  # tasks a cancel holds: no payment for them starts
+
+    def reserve_cancel(self, task: Task) -> bool:
+        """May `task` be canceled now? Only one waiting for payment with no call in flight; from
+        here until `release_cancel`, no payment for it starts. Synchronous, so nothing can start
+        between the check and the reservation."""
+        if (task.id in self._running or task.id in self._canceling
+                or task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED):
+            return False
+        self._canceling.add(task.id)
+        return True
+
+    def release_cancel(self, task_id: str) -> None:
+        self._canceling.discard(task_id)
 
     def resolve(self, message: Message) -> SkillCall:
         """Parse and check the skill exists: errors become JSON-RPC invalid params."""
@@ -131,6 +182,53 @@ class PaywireExecutor(AgentExecutor):
         return call
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = context.task_id or ""
+        if task_id in self._canceling:
+            return  # a cancel holds this task: its payment is not taken, the cancel ends it
+        self._running.add(task_id)
+        recorder = _Recorder(event_queue, context)
+        guard = SettleGuard()
+        reset = settle_guard.set(guard)
+        try:  # the work runs as its own task: a cancelled execute decides whether it stops
+            work = asyncio.ensure_future(self._execute(context, recorder))
+        finally:
+            settle_guard.reset(reset)
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await self._interrupted(work, guard, recorder, context)
+            raise
+        finally:
+            self._running.discard(task_id)
+
+    async def _interrupted(self, work: asyncio.Future[None], guard: SettleGuard,
+                           recorder: _Recorder, context: RequestContext) -> None:
+        """The SDK cancelled this execution (shutdown). Before settlement the call is stopped (the
+        pipeline releases its claim: nothing is charged) and the task fails saying so; once
+        settlement has begun the call runs to its end and the task gets its result and receipt.
+        If the SDK already closed its queue, the task those events built is stored here."""
+        stopped = guard.stop()
+        if stopped:
+            work.cancel()
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                continue  # cancelled again: the work still has to finish
+            except Exception:  # noqa: BLE001 - its own failure ends the task like any failure
+                break
+        task = recorder.task
+        if task.id and task.status.state not in _TERMINAL:
+            text = ("paywire stopped this call before its payment settled; nothing was charged; "
+                    "send it again" if stopped else
+                    "this call failed after its payment began to settle; the ledger has the outcome")
+            await TaskUpdater(recorder, task.id, task.context_id).failed(_agent_message(
+                task.context_id, task.id, text,
+                {"paywire.error": {"code": "interrupted", "status": 503}}))
+        if recorder.dropped and self.store is not None and task.id and context.call_context:
+            await self.store.save(task, context.call_context)
+
+    async def _execute(self, context: RequestContext, event_queue: _Recorder) -> None:
         message = context.message
         assert message is not None
         task = context.current_task
@@ -149,14 +247,16 @@ class PaywireExecutor(AgentExecutor):
                 {"skill": call.skill_id, "input": call.input, "operation": call.operation})}))
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
-        headers = (context.call_context.state or {}).get("headers", {}) if context.call_context else {}
-        payment = read_payment_header(headers)
+        scope = http_payment_scope.get()
+        payment = scope.payment if scope is not None else None
+        if payment is not None:
+            await updater.start_work()
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
             stream=True, operation=call.operation))
-        await self._finish(updater, outcome, context, paid_attempt=payment is not None)
+        await self._finish(updater, outcome, paid_attempt=payment is not None)
 
-    async def _pay_pending(self, context: RequestContext, event_queue: EventQueue, task: Task,
+    async def _pay_pending(self, context: RequestContext, event_queue: _Recorder, task: Task,
                            meta: dict[str, Any]) -> None:
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         stored = MessageToDict(task.metadata).get(REQUEST_KEY) if task.HasField("metadata") else None
@@ -183,18 +283,15 @@ class PaywireExecutor(AgentExecutor):
                  RECEIPTS_KEY: []}))
             return
         header = "PAYMENT-SIGNATURE" if payload.get("x402Version") == 2 else "X-PAYMENT"
+        await updater.start_work()
         outcome = await self.gateway.call(CallRequest(
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
             payment=(header, encode_json_b64(payload)), stream=True,
             operation=request.get("operation")))
-        await self._finish(updater, outcome, context, paid_attempt=True)
+        await self._finish(updater, outcome, paid_attempt=True)
 
-    async def _finish(self, updater: TaskUpdater, outcome: Outcome, context: RequestContext, *,
-                      paid_attempt: bool) -> None:
+    async def _finish(self, updater: TaskUpdater, outcome: Outcome, *, paid_attempt: bool) -> None:
         scope = http_payment_scope.get()
-        receipt = getattr(outcome, "receipt", None)
-        if isinstance(outcome, Delivered) and receipt is not None and receipt.payer:
-            _take_ownership(context, receipt.payer)
         if scope is not None:
             scope.outcomes.append(outcome)
         ctx, tid = updater.context_id, updater.task_id
@@ -203,15 +300,27 @@ class PaywireExecutor(AgentExecutor):
                 scope.receipt = outcome.receipt
             artifact_id = str(uuid.uuid4())
             count = 0
-            async for chunk in outcome.stream:
-                await updater.add_artifact([_chunk_part(chunk)], artifact_id=artifact_id,
-                                           name="result", append=count > 0, last_chunk=False)
-                count += 1
+            try:
+                async for chunk in outcome.stream:
+                    await updater.add_artifact([_chunk_part(chunk)], artifact_id=artifact_id,
+                                               name="result", append=count > 0, last_chunk=False)
+                    count += 1
+            except Exception as exc:  # noqa: BLE001 - the upstream broke after settlement
+                receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
+                await updater.update_status(TaskState.TASK_STATE_FAILED, _agent_message(
+                    ctx, tid, f"the result stream broke after {count} chunks "
+                              f"({type(exc).__name__}); the payment had settled: its receipt is "
+                              "attached", {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts,
+                                           "paywire.error": {"code": "stream_broken"}}),
+                    metadata=_payer_grant(outcome))
+                return
             await updater.add_artifact([new_text_part("")], artifact_id=artifact_id, name="result",
                                        append=True, last_chunk=True)
             receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
             meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
-            await updater.complete(_agent_message(ctx, tid, "Done.", meta))
+            await updater.update_status(TaskState.TASK_STATE_COMPLETED,
+                                        _agent_message(ctx, tid, "Done.", meta),
+                                        metadata=_payer_grant(outcome))
             return
         if isinstance(outcome, Delivered):
             body = outcome.result.body
@@ -233,7 +342,9 @@ class PaywireExecutor(AgentExecutor):
             if scope is not None and outcome.receipt is not None:
                 scope.receipt = outcome.receipt
             meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
-            await updater.complete(_agent_message(ctx, tid, "Done.", meta))
+            await updater.update_status(TaskState.TASK_STATE_COMPLETED,
+                                        _agent_message(ctx, tid, "Done.", meta),
+                                        metadata=_payer_grant(outcome))
             return
         if isinstance(outcome, PaymentDemanded):
             if not paid_attempt:
@@ -258,11 +369,60 @@ class PaywireExecutor(AgentExecutor):
                                "param": outcome.param, "status": outcome.status}}))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Reached only for a task `reserve_cancel` admitted (waiting for payment, nothing running):
+        the SDK cancels the executor's producer after this, and nothing of a call is cut."""
         task = context.current_task
-        if task is None or task.status.state != TaskState.TASK_STATE_INPUT_REQUIRED:
-            raise TaskNotCancelableError(
-                message="only a task waiting for payment can be canceled; paid calls run to the end")
+        if task is None or task.id not in self._canceling:
+            raise TaskNotCancelableError(message=NOT_CANCELABLE)
         await TaskUpdater(event_queue, task.id, task.context_id).cancel()
+
+
+NOT_CANCELABLE = ("only a task waiting for payment can be canceled; a paid call runs to the end "
+                  "and keeps its result and receipt")
+_TERMINAL = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_CANCELED,
+             TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_REJECTED}
+
+
+class _Recorder:
+    """The queue the executor writes to: passes each event on to the SDK's queue and applies it to
+    a copy of the task, as the SDK's TaskManager does. At shutdown the SDK closes its queue and
+    drops what follows; a call that settled still ends, and `PaywireExecutor._interrupted` stores
+    this copy itself."""
+
+    def __init__(self, queue: EventQueue, context: RequestContext) -> None:
+        self.queue = queue
+        self.task = Task()
+        self.dropped = False
+        if context.current_task is not None:
+            self.task.CopyFrom(context.current_task)
+            message = context.message
+            if message is not None and all(m.message_id != message.message_id
+                                           for m in self.task.history):
+                self.task.history.append(message)
+
+    async def enqueue_event(self, event: Any) -> None:
+        if isinstance(event, Task):
+            self.task.CopyFrom(event)
+        elif isinstance(event, TaskStatusUpdateEvent):
+            if self.task.status.HasField("message"):
+                self.task.history.append(self.task.status.message)
+            if event.HasField("metadata"):
+                self.task.metadata.MergeFrom(event.metadata)
+            self.task.status.CopyFrom(event.status)
+        elif isinstance(event, TaskArtifactUpdateEvent):
+            append_artifact_to_task(self.task, event)
+        is_closed = getattr(self.queue, "is_closed", None)
+        if is_closed is not None and is_closed():
+            self.dropped = True  # the SDK's consumer is gone: not passed on, stored at the end
+            return
+        await self.queue.enqueue_event(event)
+
+
+def _payer_grant(outcome: Delivered) -> dict[str, Any] | None:
+    """Task metadata naming the wallet that paid: it may read the task too (its signature came in
+    the creator's own request), whoever owns it."""
+    payer = outcome.receipt.payer if outcome.receipt is not None else None
+    return {PAYER_KEY: wallet_owner(payer)} if payer else None
 
 
 def _is_json(media_type: str) -> bool:
@@ -275,13 +435,6 @@ def _json_or_bytes(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw
-
-
-def _take_ownership(context: RequestContext, payer: str) -> None:
-    """A paid task belongs to its payer from now on (unless a proven wallet created it)."""
-    state = context.call_context.state if context.call_context else None
-    if state is not None and state.get(OWNER_STATE, "anonymous") == "anonymous":
-        state[OWNER_STATE] = wallet_owner(payer)
 
 
 def _chunk_part(chunk: Any) -> Part:

@@ -5,8 +5,14 @@
 - An unpaid `message/send` / `SendMessage` (or streaming) for a paid skill, from a client that
   did not activate the a2a-x402 extension, gets HTTP 402 with the same quote as REST, so a plain
   x402 HTTP client pays for an A2A call by retrying the identical request with a payment header.
-- A `SIGN-IN-WITH-X` header (x402's CAIP-122 wallet proof for this origin) identifies the
-  caller; tasks are owned by the wallet that paid for them (see `a2a_executor`).
+- Who is calling (a task is readable, listable and cancelable only by its creator, and by the
+  wallet that paid for it; see `a2a_tasks`): a `SIGN-IN-WITH-X` header (x402's CAIP-122 wallet
+  proof for this origin) proves a wallet; a task token proves its holder. The token comes in the
+  `Paywire-Task-Token` header, the `paywire_task_token` cookie, or, on a send, the message's
+  metadata `paywire.taskToken` (removed before the message is stored). A send from a caller who
+  proved nothing gets a fresh token: in the `Paywire-Task-Token` response header, a cookie, and
+  the result task's metadata `paywire.taskToken` (a stream's first event). Only the token's
+  SHA-256 is stored; the token is never logged.
 - A call paid with a header gets its receipt in `PAYMENT-RESPONSE` / `X-PAYMENT-RESPONSE`; a
   header payment that is refused turns the JSON-RPC answer into the HTTP 402 a plain x402
   client understands.
@@ -18,10 +24,34 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from payments.identity import SIWX_HEADER, IdentityError, verify_wallet_header
+from starlette.requests import cookie_parser
 
-from .a2a_executor import OWNER_STATE, HttpPaymentScope, http_payment_scope
-from .a2a_messages import X402_EXTENSION, MessageError, coerce_numbers, parse_skill_call_json
+from payments.codec import read_payment_header
+from payments.identity import (
+    SIWX_HEADER,
+    TASK_TOKEN_HEADER,
+    TASK_TOKEN_PATTERN,
+    IdentityError,
+    new_task_token,
+    token_owner,
+    verify_wallet_header,
+)
+from skills import wire_json
+
+from .a2a_executor import (
+    NOBODY,
+    OWNER_STATE,
+    PRINCIPALS_STATE,
+    HttpPaymentScope,
+    http_payment_scope,
+)
+from .a2a_messages import (
+    TOKEN_KEY,
+    X402_EXTENSION,
+    MessageError,
+    coerce_numbers,
+    parse_skill_call_json,
+)
 from .gateway import CallRequest, Gateway, PaymentDemanded
 from .http_io import InvalidJson, parse_json, receipt_headers, render
 
@@ -30,6 +60,7 @@ V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "Ca
               "GetTaskPushNotificationConfig", "ListTaskPushNotificationConfigs",
               "DeleteTaskPushNotificationConfig"}
 SEND_METHODS = {"SendMessage", "SendStreamingMessage", "message/send", "message/stream"}
+TOKEN_COOKIE = "paywire_task_token"
 
 
 class A2AHttpLayer:
@@ -38,6 +69,7 @@ class A2AHttpLayer:
         self.app = app
         parts = urlsplit(rpc_url)
         self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.cookie_path = parts.path or "/a2a"  # the public path (a proxy may add a prefix)
         self.gateway = gateway
         self.paths = paths
         self.rpc_url = rpc_url
@@ -71,16 +103,14 @@ class A2AHttpLayer:
                                            "number of at most 64 bits, or null"}})
             return
         method = rpc.get("method") if isinstance(rpc, dict) else None
-        owner = "anonymous"
-        proof = headers.get(SIWX_HEADER.lower())
-        if proof:
-            try:
-                owner = await verify_wallet_header(proof, self.origin)
-            except IdentityError as exc:
-                await _send_json(send, 401, {"jsonrpc": "2.0", "id": rpc.get("id") if isinstance(
-                    rpc, dict) else None, "error": {"code": -32600, "message": str(exc)}})
-                return
-        scope = {**scope, "state": {**scope.get("state", {}), OWNER_STATE: owner}}
+        try:
+            principals, stripped = await self._principals(rpc, method, headers)
+        except IdentityError as exc:
+            await _send_json(send, 401, {"jsonrpc": "2.0", "id": rpc.get("id") if isinstance(
+                rpc, dict) else None, "error": {"code": -32600, "message": str(exc)}})
+            return
+        if stripped:  # the token came in the message's metadata: not stored with the message
+            body = wire_json.dumps(rpc)
         if method in V1_METHODS and "a2a-version" not in headers:
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
         if method in SEND_METHODS:
@@ -89,6 +119,13 @@ class A2AHttpLayer:
                 response = render(quote)
                 await response(scope, receive, send)
                 return
+        minted = None
+        if not principals and method in SEND_METHODS:
+            minted = new_task_token()  # a caller who proved nothing: its task gets a fresh token
+            principals = [token_owner(minted)]
+        scope = {**scope, "state": {**scope.get("state", {}),
+                                    OWNER_STATE: principals[0] if principals else NOBODY,
+                                    PRINCIPALS_STATE: tuple(principals)}}
 
         replayed = False
 
@@ -99,12 +136,50 @@ class A2AHttpLayer:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        pay_scope = HttpPaymentScope()
+        pay_scope = HttpPaymentScope(payment=read_payment_header(headers))
         token = http_payment_scope.set(pay_scope)
         try:
-            await self.app(scope, replay, _PaymentAwareSend(send, pay_scope, scope, receive))
+            await self.app(scope, replay, _PaymentAwareSend(
+                send, pay_scope, scope, receive, minted, self._token_headers(minted)))
         finally:
             http_payment_scope.reset(token)
+
+    async def _principals(self, rpc: Any, method: Any, headers: dict[str, str]
+                          ) -> tuple[list[str], bool]:
+        """Every identity the request proves, the strongest first: the SIWX wallet, then task
+        tokens (header; the message's metadata on a send, which is removed from it; cookie).
+        Also says whether the token was taken out of the message. IdentityError for a SIWX
+        header or an explicit token that proves nothing (a malformed cookie is ignored)."""
+        found = []
+        proof = headers.get(SIWX_HEADER.lower())
+        if proof:
+            found.append(await verify_wallet_header(proof, self.origin))
+        explicit = headers.get(TASK_TOKEN_HEADER.lower())
+        if explicit is not None:
+            found.append(token_owner(explicit.strip()))
+        stripped = False
+        meta = _message_metadata(rpc) if method in SEND_METHODS else None
+        if meta is not None and TOKEN_KEY in meta:
+            value = meta.pop(TOKEN_KEY)
+            if not meta:
+                rpc["params"]["message"].pop("metadata")
+            stripped = True
+            found.append(token_owner(value if isinstance(value, str) else ""))
+        cookie = cookie_parser(headers.get("cookie", "")).get(TOKEN_COOKIE)
+        if cookie and TASK_TOKEN_PATTERN.fullmatch(cookie):
+            found.append(token_owner(cookie))
+        return list(dict.fromkeys(found)), stripped
+
+    def _token_headers(self, token: str | None) -> list[tuple[bytes, bytes]]:
+        """A freshly minted token goes back in a header and a cookie (clients that keep cookies
+        then prove it on their next call, the in-band payment included)."""
+        if token is None:
+            return []
+        cookie = f"{TOKEN_COOKIE}={token}; Path={self.cookie_path}; HttpOnly; SameSite=Strict"
+        if self.origin.startswith("https:"):
+            cookie += "; Secure"
+        return [(TASK_TOKEN_HEADER.lower().encode(), token.encode()),
+                (b"set-cookie", cookie.encode())]
 
     async def _quote_if_unpaid(self, rpc: dict[str, Any], headers: dict[str, str]
                                ) -> PaymentDemanded | None:
@@ -132,23 +207,37 @@ class A2AHttpLayer:
 
 
 class _PaymentAwareSend:
-    """Adds receipt headers to a JSON answer; replaces it by the 402 when the payment failed."""
+    """Adds receipt headers to a JSON answer; replaces it by the 402 when the payment failed.
+    A freshly minted task token goes in the headers and in the result's task (a stream's first
+    event)."""
 
-    def __init__(self, send: Any, pay: HttpPaymentScope, scope: Any, receive: Any) -> None:
+    def __init__(self, send: Any, pay: HttpPaymentScope, scope: Any, receive: Any,
+                 token: str | None, token_headers: list[tuple[bytes, bytes]]) -> None:
         self.send, self.pay, self.scope, self.receive = send, pay, scope, receive
+        self.token, self.token_headers = token, token_headers
         self.start: dict[str, Any] | None = None
         self.buffer = b""
         self.passthrough = False
 
+    def _headers(self, start: dict[str, Any], extra: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+        headers = [*start.get("headers", []), *extra, *self.token_headers]
+        if self.token_headers and not any(k.lower() == b"cache-control" for k, _ in headers):
+            headers.append((b"cache-control", b"no-store"))
+        return {**start, "headers": headers}
+
     async def __call__(self, message: Any) -> None:
         if self.passthrough:
+            if self.token is not None and message["type"] == "http.response.body" and message.get(
+                    "body"):
+                message = {**message, "body": _event_with_token(message["body"], self.token)}
+                self.token = None  # the first event only
             await self.send(message)
             return
         if message["type"] == "http.response.start":
             content_type = dict(message.get("headers", [])).get(b"content-type", b"")
             if not content_type.startswith(b"application/json"):
                 self.passthrough = True  # streams carry receipts in their events
-                await self.send(message)
+                await self.send(self._headers(message, []))
                 return
             self.start = message
             return
@@ -157,17 +246,77 @@ class _PaymentAwareSend:
             if message.get("more_body", False):
                 return
             if self.pay.demanded is not None:
-                await render(self.pay.demanded)(self.scope, self.receive, self.send)
+                await render(self.pay.demanded)(self.scope, self.receive, self._send_402)
                 return
-            start = self.start
+            extra = []
             if self.pay.receipt is not None:
                 extra = [(k.lower().encode(), v.encode())
                          for k, v in receipt_headers(self.pay.receipt).items()]
-                start = {**start, "headers": [*start.get("headers", []), *extra]}
+            body = self.buffer
+            if self.token is not None:
+                body = _with_token(body, self.token)
+            start = self._headers(self.start, extra)
+            if body is not self.buffer:
+                start["headers"] = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
+                start["headers"].append((b"content-length", str(len(body)).encode()))
             await self.send(start)
-            await self.send({"type": "http.response.body", "body": self.buffer})
+            await self.send({"type": "http.response.body", "body": body})
             return
         await self.send(message)
+
+    async def _send_402(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = self._headers(message, [])
+        await self.send(message)
+
+
+def _message_metadata(rpc: Any) -> dict[str, Any] | None:
+    """`params.message.metadata` of a send, when it is an object."""
+    params = rpc.get("params") if isinstance(rpc, dict) else None
+    message = params.get("message") if isinstance(params, dict) else None
+    meta = message.get("metadata") if isinstance(message, dict) else None
+    return meta if isinstance(meta, dict) else None
+
+
+def _task_of(result: Any) -> dict[str, Any] | None:
+    """The task in a JSON-RPC result: 1.0 wraps it (`{"task": {...}}`), 0.3 is the task."""
+    if not isinstance(result, dict):
+        return None
+    if isinstance(result.get("task"), dict):
+        return result["task"]
+    return result if result.get("kind") == "task" else None
+
+
+def _with_token(raw: bytes, token: str) -> bytes:
+    """A JSON-RPC answer with the task token in its task's metadata (`raw` itself if no task)."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return raw
+    task = _task_of(answer.get("result")) if isinstance(answer, dict) else None
+    if task is None:
+        return raw
+    meta = task.get("metadata")
+    task["metadata"] = {**(meta if isinstance(meta, dict) else {}), TOKEN_KEY: token}
+    return wire_json.dumps(answer)
+
+
+def _event_with_token(chunk: bytes, token: str) -> bytes:
+    """An SSE event (`data: <JSON-RPC answer>` and a blank line) with the token in its task."""
+    try:
+        lines = chunk.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return chunk
+    data = [i for i, line in enumerate(lines) if line.startswith("data:")]
+    if len(data) != 1:
+        return chunk
+    line = lines[data[0]]
+    content = line.removeprefix("data:").strip().encode()
+    changed = _with_token(content, token)
+    if changed is content:
+        return chunk
+    lines[data[0]] = "data: " + changed.decode() + line[len(line.rstrip("\r\n")):]
+    return "".join(lines).encode()
 
 
 def _plain_id(value: Any) -> bool:

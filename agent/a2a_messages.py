@@ -24,6 +24,8 @@ PAYLOAD_KEY = "x402.payment.payload"
 RECEIPTS_KEY = "x402.payment.receipts"
 ERROR_KEY = "x402.payment.error"
 REQUEST_KEY = "paywire.request"  # task metadata: the call a pending payment is for
+PAYER_KEY = "paywire.payer"  # task metadata: the wallet that paid (it may read the task too)
+TOKEN_KEY = "paywire.taskToken"  # message metadata (in) / result task metadata (out): task token
 HELP_SKILL = "help"
 
 

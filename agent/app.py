@@ -173,17 +173,22 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
 def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: Any
                ) -> tuple[list[Any], Any]:
     """JSON-RPC at /a2a and /a2a/ (1.0 and 0.3 method names), tasks in the ledger's database."""
-    from a2a.server.request_handlers import DefaultRequestHandler
     from a2a.server.routes import create_jsonrpc_routes
-    from a2a.server.tasks import DatabaseTaskStore
 
     from .a2a_executor import OwnerContextBuilder, PaywireExecutor, task_owner
+    from .a2a_tasks import OwnedTaskStore, PaywireRequestHandler
 
-    # Table "tasks" (a custom name breaks a second store in one process); owner = payer wallet.
-    store = DatabaseTaskStore(engine, owner_resolver=task_owner)
-    handler = DefaultRequestHandler(
+    # Task inputs are the caller's secrets, and at DEBUG the SDK logs whole requests, tasks and
+    # events, and aiosqlite every SQL parameter: those two stay at INFO even when the root is DEBUG.
+    for name in ("a2a", "aiosqlite"):
+        logger = logging.getLogger(name)
+        if logger.level < logging.INFO:
+            logger.setLevel(logging.INFO)
+    # Table "tasks" (a custom name breaks a second store in one process); owner = the creator.
+    store = OwnedTaskStore(engine, owner_resolver=task_owner)
+    handler = PaywireRequestHandler(
         agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a",
-                                       settings.a2a_payment_timeout_seconds),
+                                       settings.a2a_payment_timeout_seconds, store=store),
         task_store=store,
         agent_card=card,
         interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),

@@ -1,13 +1,19 @@
-"""Who is calling: a wallet proven by a Sign-In-With-X header (x402's CAIP-122 extension).
+"""Who is calling: a wallet proven by a Sign-In-With-X header (x402's CAIP-122 extension), or
+the holder of a task token.
 
-paywire has no accounts. The payer of a task owns it; to read it later the caller proves control
-of that wallet by signing a short-lived SIWX message (EIP-4361 for EVM, SIWS for Solana) for this
-gateway's origin. The SDK parses and validates the header; signatures are checked here because
-the SDK's EVM path needs `signinwithethereum`, which pins web3 < 8 and eth-account < 0.14.
+paywire has no accounts. A caller proves an identity in one of two ways:
+- a wallet, by signing a short-lived SIWX message (EIP-4361 for EVM, SIWS for Solana) for this
+  gateway's origin. The SDK parses and validates the header; signatures are checked here because
+  the SDK's EVM path needs `signinwithethereum`, which pins web3 < 8 and eth-account < 0.14;
+- a task token: a random secret (the gateway mints one for a caller who has neither), proven by
+  presenting it. Only its SHA-256 is kept (as the owner key `token:<hex>`); never log the token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+import secrets
 from typing import Any
 
 from eth_account import Account
@@ -18,15 +24,31 @@ from x402.extensions.sign_in_with_x import parse_siwx_header, validate_siwx_mess
 from x402.extensions.sign_in_with_x.solana import decode_base58
 
 SIWX_HEADER = "SIGN-IN-WITH-X"
+TASK_TOKEN_HEADER = "Paywire-Task-Token"
+TASK_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,256}")
 
 
 class IdentityError(ValueError):
-    """The SIWX header is present but proves nothing; the message says why."""
+    """A SIWX header or task token is present but proves nothing; the message says why."""
 
 
 def wallet_owner(address: str) -> str:
     """The owner key for a wallet: EVM addresses are case-insensitive, Solana's are not."""
     return f"wallet:{address.lower() if address.startswith('0x') else address}"
+
+
+def new_task_token() -> str:
+    """A fresh task token: 256 random bits, URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
+def token_owner(token: str) -> str:
+    """The owner key for a task token: its SHA-256 (the token itself is never stored)."""
+    if not TASK_TOKEN_PATTERN.fullmatch(token):
+        raise IdentityError(f"task token ({TASK_TOKEN_HEADER}): a task token is 32 to 256 "
+                            "characters of A-Z, a-z, 0-9, '-' and '_' (use the one paywire "
+                            "returned, or make your own from 32 random bytes)")
+    return "token:" + hashlib.sha256(token.encode()).hexdigest()
 
 
 def siwx_message(payload: Any) -> str:

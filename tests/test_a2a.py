@@ -280,10 +280,11 @@ def test_bad_input_is_a_clear_error_and_charges_nothing(server: LiveServer) -> N
     pending = _rpc(server, "message/send", _msg_json(
         [{"kind": "data", "data": {"skill": "token-count-508", "input": INPUT}}]), ext)["result"]
     assert pending["status"]["state"] == "input-required"
+    creator = {**ext, "Paywire-Task-Token": pending["metadata"]["paywire.taskToken"]}
     garbage = _rpc(server, "message/send", _msg_json(
         [{"kind": "text", "text": "pay"}], taskId=pending["id"], contextId=pending["contextId"],
         metadata={"x402.payment.status": "payment-submitted", "x402.payment.payload": "garbage"}),
-        ext)["result"]
+        creator)["result"]
     assert garbage["status"]["state"] == "failed"
     assert "x402.payment.error" in json.dumps(garbage["status"]["message"]["metadata"])
     assert server.devnet.merchant_balances() == before
@@ -303,5 +304,6 @@ def test_standard_error_codes_and_version_header_default(server: LiveServer) -> 
     missing03 = _rpc(server, "tasks/get", {"id": str(uuid.uuid4())})
     assert missing03["error"]["code"] == -32001
     done = _rpc(server, "message/send", _msg_json([{"kind": "text", "text": "help"}]))["result"]
-    not_cancelable = _rpc(server, "tasks/cancel", {"id": done["id"]})
+    not_cancelable = _rpc(server, "tasks/cancel", {"id": done["id"]},
+                          {"Paywire-Task-Token": done["metadata"]["paywire.taskToken"]})
     assert not_cancelable["error"]["code"] == -32002

@@ -1,5 +1,6 @@
-"""A2A tasks: owned by the wallet that paid (read back with a SIWX proof), persisted in the
-database across restarts, and a task waiting for payment expires."""
+"""A2A tasks: owned by their creator (its task token here) and readable by the wallet that paid
+(with a SIWX proof), persisted in the database across restarts, and a task waiting for payment
+expires. tests/test_a2a_privacy.py covers who may not read, list, cancel or pay."""
 
 from __future__ import annotations
 
@@ -38,9 +39,15 @@ def _get(server: LiveServer, task_id: str, headers: dict[str, str] | None = None
                                                  "params": {"id": task_id}}, headers=headers or {})
 
 
+def _creator(task: dict[str, Any]) -> dict[str, str]:
+    """The header proving the caller created `task` (the token paywire returned with it)."""
+    return {"Paywire-Task-Token": task["metadata"]["paywire.taskToken"]}
+
+
 def _submit(server: LiveServer, pending: dict[str, Any], payload: Any) -> dict[str, Any]:
     """The in-band answer to an input-required task: the signed payment in message metadata."""
-    return _send(server, EXT, taskId=pending["id"], contextId=pending["contextId"],
+    return _send(server, {**EXT, **_creator(pending)}, taskId=pending["id"],
+                 contextId=pending["contextId"],
                  parts=[{"kind": "text", "text": "paid"}],
                  metadata={"x402.payment.status": "payment-submitted",
                            "x402.payment.payload": payload.model_dump(by_alias=True,
@@ -78,11 +85,14 @@ def test_a_paid_task_is_readable_only_by_its_payer(server: LiveServer, network: 
     assert mine["result"]["artifacts"]
 
 
-def test_an_in_band_paid_task_belongs_to_the_payer(server: LiveServer) -> None:
+def test_an_in_band_paid_task_belongs_to_its_creator_and_is_readable_by_the_payer(
+    server: LiveServer,
+) -> None:
     keys = server.devnet.keys
     pending = _send(server, EXT).json()["result"]
     assert pending["status"]["state"] == "input-required"
-    assert _get(server, pending["id"]).json()["result"]["id"] == pending["id"]  # unpaid: open
+    assert _get(server, pending["id"]).json()["error"]["code"] == -32001  # unpaid: private too
+    assert _get(server, pending["id"], _creator(pending)).json()["result"]["id"] == pending["id"]
     required = PaymentRequired.model_validate(
         pending["status"]["message"]["metadata"]["x402.payment.required"])
     payload = sign(client_for(server.url, evm_key=keys.evm_payer), required, EVM_NET)
@@ -92,6 +102,7 @@ def test_an_in_band_paid_task_belongs_to_the_payer(server: LiveServer) -> None:
     mine = _get(server, pending["id"], {"SIGN-IN-WITH-X": siwx_header(
         server.url, evm_key=keys.evm_payer)}).json()
     assert mine["result"]["status"]["state"] == "completed"
+    assert _get(server, pending["id"], _creator(pending)).json()["result"]["artifacts"]
 
 
 @pytest.mark.parametrize("case", ["tampered", "other-origin", "garbage"])
@@ -133,7 +144,7 @@ def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -
 
     second = start_server(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"})
     try:
-        again = _get(second, pending["id"]).json()["result"]
+        again = _get(second, pending["id"], _creator(pending)).json()["result"]
         assert again["id"] == pending["id"] and again["status"]["state"] == "input-required"
         keys = second.devnet.keys
         payload = sign(client_for(second.url, evm_key=keys.evm_payer), required, EVM_NET)
@@ -146,23 +157,26 @@ def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -
         second.stop()
 
 
-def _call(server: LiveServer, method: str, params: dict[str, Any]) -> dict[str, Any]:
+def _call(server: LiveServer, method: str, params: dict[str, Any],
+          headers: dict[str, str] | None = None) -> dict[str, Any]:
     r = httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 9, "method": method,
-                                              "params": params})
+                                              "params": params}, headers=headers or {})
     assert r.status_code == 200 and "PAYMENT-REQUIRED" not in r.headers
     return r.json()
 
 
 def test_free_methods_never_ask_for_payment_and_unsupported_ones_say_so(server: LiveServer) -> None:
     pending = _send(server, EXT).json()["result"]
-    listed = _call(server, "ListTasks", {})["result"]["tasks"]
-    assert pending["id"] in {t["id"] for t in listed}
+    mine = _creator(pending)
+    listed = _call(server, "ListTasks", {}, mine)["result"]["tasks"]
+    assert [t["id"] for t in listed] == [pending["id"]]
     push = _call(server, "tasks/pushNotificationConfig/set", {
-        "taskId": pending["id"], "pushNotificationConfig": {"url": "https://example.com/hook"}})
+        "taskId": pending["id"], "pushNotificationConfig": {"url": "https://example.com/hook"}},
+        mine)
     assert push["error"]["code"] == -32003
-    canceled = _call(server, "tasks/cancel", {"id": pending["id"]})["result"]
+    canceled = _call(server, "tasks/cancel", {"id": pending["id"]}, mine)["result"]
     assert canceled["status"]["state"] == "canceled"
-    with httpx.stream("POST", f"{server.url}/a2a", json={
+    with httpx.stream("POST", f"{server.url}/a2a", headers=mine, json={
             "jsonrpc": "2.0", "id": 3, "method": "tasks/resubscribe",
             "params": {"id": pending["id"]}}) as stream:
         first = next(line for line in stream.iter_lines() if line.startswith("data:"))

@@ -25,14 +25,22 @@ class UpstreamDown:
 
 
 class Hooked:
-    """Runs `Hooked.hook` during the call (e.g. to move the payer's funds away after verify)."""
+    """Runs `Hooked.hook` during the call (e.g. to move the payer's funds away after verify);
+    sets `entered` when it runs and, if `hold` is set, waits for it (off the loop) before
+    answering, so a test can look at a call that is running."""
 
     hook: Callable[[], None] | None = None
+    entered: threading.Event | None = None
+    hold: threading.Event | None = None
 
     @staticmethod
     async def run(payload: dict[str, Any]) -> dict[str, Any]:
         if Hooked.hook is not None:
             Hooked.hook()
+        if Hooked.entered is not None:
+            Hooked.entered.set()
+        if Hooked.hold is not None:
+            await asyncio.to_thread(Hooked.hold.wait, 30)
         return {"ok": True, "echo": payload}
 
 
