@@ -37,7 +37,7 @@ from skills.resources.menu_image import (
 )
 from skills.skill import Operation, Skill, SkillResult
 from tests.support.live_server import LiveServer, start_server
-from tests.support.openai_upstream import OpenAIUpstream, tiny_png
+from tests.support.openai_upstream import OpenAIUpstream, tiny_png, word_tokens
 from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, receipt, sign
 
 KEY = "sk-test"
@@ -122,7 +122,9 @@ def test_a_paid_call_makes_the_image_of_the_dish_and_earns_exactly_the_price(
 
     [row] = gateway.ledger_rows(skill_id=RESOURCE, state="settled")
     assert row["amount_atomic"] == PRICE_ATOMIC
-    assert Decimal(row["upstream_cost_usd"]) == Decimal("0.006")  # one 1536x1024 low image
+    # one 1536x1024 low image, and the prompt's text tokens (as the upstream reported them)
+    text = Decimal(word_tokens(built)) * load_catalog().models["gpt-image-1-mini"].prices.input_per_mtok
+    assert Decimal(row["upstream_cost_usd"]) == Decimal("0.006") + text / 1_000_000
     assert json.loads(row["usage"])["upstream_model"] == "gpt-image-1-mini"
 
 
@@ -213,7 +215,7 @@ def test_every_size_costs_the_default_model_less_than_the_price() -> None:
 
 @pytest.mark.parametrize(("model", "reason"), [
     ("dall-e-2", "costs $0.020"),  # $0.016-$0.020 an image: above the price at every size
-    ("gpt-image-1", "costs $0.016"),  # 1024x1024 low fits ($0.011), portrait does not
+    ("gpt-image-1", "costs $0.016"),  # 1024x1024 low: $0.011 + the longest prompt's tokens at $5/1M
     ("dall-e-3", "cannot make 1024x1024 images at low quality"),  # standard or hd only
     ("gpt-4o-mini", "not an image model"),
     ("no-such-model", "not an image model"),

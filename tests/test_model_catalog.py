@@ -143,6 +143,42 @@ def test_image_prices_by_size_and_quality(catalog: Catalog) -> None:
     assert catalog.models["dall-e-2"].prices.image_price("256x256") == Decimal("0.016")
 
 
+def test_token_billed_image_and_transcription_models_have_input_token_prices(catalog: Catalog) -> None:
+    """GPT Image bills the prompt's text and the input images in tokens, gpt-4o-transcribe its prompt:
+    genai-prices' prices (the table holds OpenAI's published ones as the fallback). DALL-E and Whisper
+    bill none."""
+    for model in ("gpt-image-1", "gpt-image-1-mini"):
+        prices, known = catalog.models[model].prices, genai("openai", model)
+        assert (prices.input_per_mtok, prices.input_image_per_mtok) == (known.input_mtok,
+                                                                       known.input_image_mtok), model
+    assert (catalog.models["gpt-image-1"].prices.input_per_mtok,
+            catalog.models["gpt-image-1"].prices.input_image_per_mtok) == (Decimal(5), Decimal(10))
+    for model in ("gpt-4o-transcribe", "gpt-4o-mini-transcribe"):
+        assert catalog.models[model].prices.input_per_mtok == genai("openai", model).input_mtok
+    table = load_catalog(use_genai_prices=False)
+    assert table.models["gpt-image-1-mini"].prices.input_image_per_mtok == Decimal("2.50")
+    assert table.models["gpt-4o-transcribe"].prices.input_per_mtok == Decimal("2.50")
+    for model in ("dall-e-2", "dall-e-3", "whisper-1"):
+        prices = catalog.models[model].prices
+        assert prices.input_per_mtok is None and prices.input_image_per_mtok is None, model
+
+
+def test_a_token_billed_image_model_needs_its_input_image_price_for_edits(tmp_path: Path) -> None:
+    doc = base_document()
+    doc["models"].append({"id": "img", "name": "I", "family": "local",
+                          "operations": ["images.generations", "images.edits"],
+                          "upstreams": [{"provider": "local", "model": "i"}],
+                          "prices": {"per_image": {"1024x1024": "0.01"}, "input_per_mtok": "5"}})
+    loaded = load_catalog(write(tmp_path, doc))
+    assert "img" not in loaded.models
+    assert any("img" in w and "input_image_per_mtok" in w for w in loaded.warnings), loaded.warnings
+    doc["models"][-1]["prices"]["input_image_per_mtok"] = "10"
+    assert load_catalog(write(tmp_path, doc)).models["img"].prices.input_image_per_mtok == Decimal(10)
+    doc["models"][0]["prices"]["input_image_per_mtok"] = "10"  # a chat model: not one of its prices
+    with pytest.raises(ValueError, match="'m-chat' field 'prices.input_image_per_mtok'"):
+        load_catalog(write(tmp_path, doc))
+
+
 def test_without_genai_prices_the_table_prices_everything() -> None:
     table = load_catalog(use_genai_prices=False)
     assert len(table.models) >= 80
@@ -243,6 +279,10 @@ def test_provider_presets_and_base_url_override(catalog: Catalog) -> None:
         "http://127.0.0.1:9911/v1")
     assert p["openai"].api_key({"OPENAI_API_KEY": "sk-test"}) == "sk-test"
     assert p["openai"].api_key({}) is None
+    # the field each chat API takes the output cap in when the caller names none: OpenAI's refuses
+    # max_tokens for its reasoning models, the others take max_tokens
+    assert {key: spec.cap_field for key, spec in p.items()} == {
+        key: "max_completion_tokens" if key == "openai" else "max_tokens" for key in p}
     local = p["local"]
     assert (local.key_required, local.resolved_base_url({})) == (False, "http://127.0.0.1:11434/v1")
     assert local.resolved_base_url({"LOCAL_LLM_BASE_URL": "http://127.0.0.1:8080/v1"}) == "http://127.0.0.1:8080/v1"
@@ -305,6 +345,11 @@ def test_validation_of_ids_providers_and_kinds(tmp_path: Path) -> None:
     doc = base_document()
     del doc["providers"]["openai"]["api_key_env"]
     with pytest.raises(ValueError, match="provider 'openai' field 'api_key_env'"):
+        load_catalog(write(tmp_path, doc))
+
+    doc = base_document()
+    doc["providers"]["openai"]["cap_field"] = "max_output_tokens"
+    with pytest.raises(ValueError, match="provider 'openai' field 'cap_field'"):
         load_catalog(write(tmp_path, doc))
 
 

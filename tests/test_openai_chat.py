@@ -241,9 +241,11 @@ def test_the_quote_covers_every_choice_and_the_upstream_is_capped_at_what_was_pa
     assert three > 2 * one
     r = _paid_post(env, {"model": "gpt-4o-mini", "messages": MESSAGES})  # no max_tokens given
     assert r.status_code == 200
-    sent = [q for q in env.primary.requests + env.fallback.requests
-            if q.path.endswith("/chat/completions")][-1]
-    assert sent.json["max_tokens"] == load_catalog().models["gpt-4o-mini"].default_max_tokens
+    [sent] = env.served("/chat/completions")
+    # the default cap, in the one field the serving upstream takes (OpenAI: max_completion_tokens)
+    field = "max_completion_tokens" if sent in env.primary.requests else "max_tokens"
+    assert sent.json[field] == load_catalog().models["gpt-4o-mini"].default_max_tokens
+    assert [cap for cap in ("max_tokens", "max_completion_tokens") if cap in sent.json] == [field]
 
 
 def test_a_stream_records_the_upstreams_usage_even_when_the_caller_did_not_ask_for_it(env: Env) -> None:

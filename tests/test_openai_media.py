@@ -32,6 +32,7 @@ from payments.money import usd_to_atomic
 from skills.errors import UpstreamError
 from skills.models.audio_duration import audio_duration
 from skills.models.catalog import load_catalog
+from skills.models.image_tokens import MAX_IMAGE_TOKENS, image_dimensions, image_tokens
 from skills.models.media_ops import (
     FACTORIES,
     UploadedFile,
@@ -256,8 +257,12 @@ def test_image_edit_with_mask_and_with_several_images(env: Env) -> None:
     assert first.file("image").data == png and first.file("mask").data == mask  # type: ignore[union-attr]
     assert [f.field for f in second.files] == ["image[]", "image[]"]
     assert second.form["model"] == "gpt-image-1" and second.form["quality"] == "low"
+    # gpt-image-1 bills its input too: the prompt's text tokens and each 2x2 image's 194 tokens
+    merged_body = {"model": "gpt-image-1", "size": "1024x1024", "quality": "low", "prompt": "merge them",
+                   "image": [UploadedFile(png, "a.png"), UploadedFile(mask, "b.png")]}
     expected = (_atomic(image_price, {"model": "dall-e-2", "size": "512x512", "n": 2})
-                + _atomic(image_price, {"model": "gpt-image-1", "size": "1024x1024", "quality": "low"}))
+                + _atomic(image_price, merged_body))
+    assert _atomic(image_price, merged_body) > _atomic(image_price, {**merged_body, "image": None}) + 380 * 10
     assert env.earned(before) == expected
     assert _last_usage(env, "gpt-image-1")["output_tokens"] == 1056  # the upstream's own usage report
 
@@ -522,6 +527,41 @@ def test_durations_read_from_the_files() -> None:
     for junk in (b"", b"hello world" * 100, os.urandom(50_000), tiny_png("x"), silent_mp3(3)[:2],
                  b"\xff" * 10_000, LAME_VBR_MP3[:20], m4a[:40], wav(1.0)[:30]):
         assert audio_duration(junk) is None
+
+
+def test_image_sizes_read_from_the_headers_and_their_tokens() -> None:
+    assert image_dimensions(tiny_png("x", 300, 200)) == (300, 200)
+    # JPEG: the frame header after other segments (and fill bytes); baseline and progressive
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + bytes(9)
+
+    def jpeg(sof: int, width: int, height: int) -> bytes:
+        frame = struct.pack(">HBHHB", 17, 8, height, width, 3) + bytes(9)
+        return b"\xff\xd8" + app0 + b"\xff\xff" + bytes([0xFF, sof]) + frame + b"\xff\xda" + bytes(20)
+
+    assert image_dimensions(jpeg(0xC0, 640, 480)) == (640, 480)
+    assert image_dimensions(jpeg(0xC2, 4032, 3024)) == (4032, 3024)
+    # WebP: lossy (VP8), lossless (VP8L), extended (VP8X)
+    def webp(chunk: bytes, data: bytes) -> bytes:
+        size = struct.pack("<I", len(data))
+        return b"RIFF" + struct.pack("<I", 4 + 8 + len(data)) + b"WEBP" + chunk + size + data
+
+    lossy = b"\x10\x02\x00\x9d\x01\x2a" + struct.pack("<HH", 800, 600)
+    assert image_dimensions(webp(b"VP8 ", lossy)) == (800, 600)
+    assert image_dimensions(webp(b"VP8L", b"\x2f" + struct.pack("<I", 1023 | (767 << 14)))) == (1024, 768)
+    canvas = bytes(4) + (2999).to_bytes(3, "little") + (1999).to_bytes(3, "little")
+    assert image_dimensions(webp(b"VP8X", canvas)) == (3000, 2000)
+    # not an image, cut short, a scan before any frame header, no pixels: no size
+    for junk in (b"", b"GIF89a" + bytes(20), tiny_png("x")[:20], b"\xff\xd8" + app0 + b"\xff\xda" + bytes(20),
+                 jpeg(0xC0, 640, 480)[:25], webp(b"VP8 ", b"\x10\x02\x00\x9d\x01"), tiny_png("x", 0, 5),
+                 os.urandom(5000)):
+        assert image_dimensions(junk) is None, junk[:30]
+    # OpenAI's rule for GPT Image: fit in 2048, shortest side down to 512, 65 + 129 per 512px tile
+    assert image_tokens(1024, 1024) == 65 + 129  # 512x512
+    assert image_tokens(1536, 1024) == 65 + 2 * 129  # 768x512
+    assert image_tokens(4096, 8192) == 65 + 2 * 129  # 1024x2048, then 512x1024
+    assert image_tokens(2, 2) == 65 + 129  # never scaled up
+    assert image_tokens(1024, 1025) == 65 + 2 * 129  # 512 x 512.5: a tile more, never below the rule
+    assert image_tokens(512, 2048) == image_tokens(100, 30000) == MAX_IMAGE_TOKENS == 65 + 4 * 129
 
 
 def test_multipart_parsing() -> None:

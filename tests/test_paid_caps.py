@@ -3,10 +3,12 @@ paid (the quote's amount, from the 402) and what the upstream was asked for (the
 request body).
 
 Every input the upstream bills is priced before the quote (messages and their names, tools, schemas,
-every prompt of a batch); every output budget is priced and forwarded as the paid cap, in one field
-(no uncapped alias); fields the upstream would bill beyond that are refused with a 400 naming them,
-before any quote: nothing reaches the upstream and nothing is charged, even with a payment attached.
-Paid rows really pay on the devnet, over REST and over A2A."""
+every prompt of a batch; an image model's prompt and input images, a transcription prompt); every
+output budget is priced and forwarded as the paid cap, in one field (no uncapped alias): the caller's,
+or, when it named none, the one the serving upstream takes (OpenAI: max_completion_tokens, which its
+reasoning models require; OpenRouter: max_tokens); fields the upstream would bill beyond that are
+refused with a 400 naming them, before any quote: nothing reaches the upstream and nothing is charged,
+even with a payment attached. Paid rows really pay on the devnet, over REST and over A2A."""
 
 from __future__ import annotations
 
@@ -27,8 +29,9 @@ from payments.codec import decode_base64_any
 from payments.money import usd_to_atomic
 from skills.models.catalog import ModelSpec, load_catalog
 from skills.models.chat import MAX_USD, chat_price
-from skills.models.media_ops import speech_price
+from skills.models.media_ops import UploadedFile, image_price, speech_price, transcription_price
 from skills.models.text_ops import completions_price, edits_price
+from skills.tokens import estimate_tokens
 from tests.support.model_env import Env
 from tests.support.openai_upstream import tiny_png
 from tests.support.paying import EVM_NET, client_for, header, post_paid, sign
@@ -39,6 +42,9 @@ CHAT, COMPLETIONS, EDITS = "/v1/chat/completions", "/v1/completions", "/v1/edits
 A2A = "a2a"  # a row sent as an A2A message/send data part (operation chat.completions)
 M = [{"role": "user", "content": "Say hello to the agents."}]
 CAPS = ("max_tokens", "max_completion_tokens")
+# The cap's field when the caller names none: each provider's preset (models.json `cap_field`).
+DEFAULT_CAP = {"openai": "max_completion_tokens", "openrouter": "max_tokens"}
+MILLION = Decimal(1_000_000)
 
 
 @cache
@@ -66,7 +72,10 @@ SCHEMA = {"type": "json_schema", "json_schema": {"name": "greeting", "strict": T
 class Row:
     """One request. `priced_as`: (price function, body) the quote must equal (None: refused with a 400
     naming `refused`). `upstream`: fields the upstream body must carry with these values; `cap`: the
-    single cap field it must carry; `absent`: fields that must not reach it."""
+    single cap field it must carry; `default_cap`: no cap field named, so the upstream must carry this
+    cap in the one field its provider takes (DEFAULT_CAP); `provider`: the upstream that must serve it;
+    `absent`: fields that must not reach it; `files`: multipart files (`body` is then the form's text
+    fields)."""
 
     path: str
     body: dict[str, Any]
@@ -76,6 +85,9 @@ class Row:
     absent: tuple[str, ...] = ()
     refused: str | None = None
     model: str = "gpt-4o"
+    default_cap: int | None = None
+    provider: str | None = None
+    files: list[tuple[str, tuple[str, bytes, str]]] | None = None
 
 
 def _chat(**fields: Any) -> dict[str, Any]:
@@ -86,12 +98,36 @@ PAID = {
     # the cap the caller gave is what is paid for and what the upstream gets
     "max_tokens": Row(CHAT, _chat(max_tokens=3000), (chat_price, _chat(max_tokens=3000)),
                       {"max_tokens": 3000}, cap="max_tokens"),
-    # null means absent: the model's default budget, paid and forwarded
+    # null means absent: the model's default budget, paid and forwarded in the upstream's own field
     "max_tokens null": Row(CHAT, _chat(max_tokens=None), (chat_price, _chat(max_tokens=4096)),
-                           {"max_tokens": 4096}, cap="max_tokens"),
+                           default_cap=4096),
     "max_completion_tokens null": Row(CHAT, _chat(max_completion_tokens=None),
-                                      (chat_price, _chat(max_tokens=4096)), {"max_tokens": 4096},
-                                      cap="max_tokens"),
+                                      (chat_price, _chat(max_tokens=4096)), default_cap=4096),
+    # no cap: OpenAI's reasoning models refuse max_tokens (the stand-in too), so OpenAI gets
+    # max_completion_tokens; an OpenRouter-served model gets max_tokens
+    "no cap, an OpenAI reasoning model": Row(
+        CHAT, {"model": "o4-mini", "messages": M},
+        (chat_price, {"model": "o4-mini", "messages": M, "max_tokens": 4096}),
+        {"max_completion_tokens": 4096}, default_cap=4096, provider="openai", model="o4-mini"),
+    "no cap, an OpenAI reasoning model, streamed": Row(
+        CHAT, {"model": "o4-mini", "messages": M, "stream": True},
+        (chat_price, {"model": "o4-mini", "messages": M, "max_tokens": 4096}),
+        {"max_completion_tokens": 4096, "stream": True}, default_cap=4096, provider="openai",
+        model="o4-mini"),
+    "no cap, an OpenRouter-served model": Row(
+        CHAT, {"model": "amazon/nova-lite-v1", "messages": M},
+        (chat_price, {"model": "amazon/nova-lite-v1", "messages": M, "max_tokens": 4096}),
+        {"max_tokens": 4096}, default_cap=4096, provider="openrouter", model="amazon/nova-lite-v1"),
+    "edits without a cap, an OpenAI reasoning model": Row(
+        EDITS, {"model": "o4-mini", "instruction": "Fix it", "input": "teh cat"},
+        (edits_price, {"instruction": "Fix it", "input": "teh cat", "max_tokens": 4096}),
+        {"max_completion_tokens": 4096}, default_cap=4096, provider="openai", model="o4-mini"),
+    # the caller's field is kept, whoever serves it
+    "max_completion_tokens kept on an OpenRouter-served model": Row(
+        CHAT, {"model": "amazon/nova-lite-v1", "messages": M, "max_completion_tokens": 500},
+        (chat_price, {"model": "amazon/nova-lite-v1", "messages": M, "max_tokens": 500}),
+        {"max_completion_tokens": 500}, cap="max_completion_tokens", provider="openrouter",
+        model="amazon/nova-lite-v1"),
     # the caller's field carries the cap upstream, alone
     "max_completion_tokens only": Row(CHAT, _chat(max_completion_tokens=3000),
                                       (chat_price, _chat(max_tokens=3000)),
@@ -145,7 +181,7 @@ PAID = {
         A2A, {"messages": M, "max_completion_tokens": 3000}, (chat_price, _chat(max_tokens=3000)),
         {"max_completion_tokens": 3000, "stream": True}, cap="max_completion_tokens"),
     "A2A max_tokens null": Row(A2A, {"messages": M, "max_tokens": None}, (chat_price, _chat(max_tokens=4096)),
-                               {"max_tokens": 4096, "stream": True}, cap="max_tokens"),
+                               {"stream": True}, default_cap=4096),
 }
 
 SPEECH = {"model": "tts-1", "input": "Paywire sells every model per call.", "voice": "alloy"}
@@ -185,6 +221,13 @@ REFUSED = {
                                  refused="partial_images", model="dall-e-2"),
     "images unknown field": Row("/v1/images/generations", {**IMAGE, "seed": 7}, refused="seed",
                                 model="dall-e-2"),
+    # a token-billed image model prices each input image by its size: one whose size cannot be read is
+    # refused, naming its field
+    "an image edit with an unreadable image": Row(
+        "/v1/images/edits", {"model": "gpt-image-1", "prompt": "x", "quality": "low", "size": "1024x1024"},
+        files=[("image[]", ("a.png", tiny_png("a"), "image/png")),
+               ("image[]", ("b.gif", b"GIF89a" + bytes(64), "image/gif"))],
+        refused="image", model="gpt-image-1"),
     "A2A max_tokens=1 + max_completion_tokens=3000": Row(
         A2A, {"messages": M, "max_tokens": 1, "max_completion_tokens": 3000},
         refused="max_completion_tokens"),
@@ -203,6 +246,9 @@ def _rpc(row: Row) -> dict[str, Any]:
 def _send(env: Env, row: Row, headers: dict[str, str] | None = None) -> httpx.Response:
     if row.path == A2A:
         return httpx.post(f"{env.gateway.url}/a2a", json=_rpc(row), headers=headers or {}, timeout=60)
+    if row.files is not None:
+        return httpx.post(f"{env.gateway.url}{row.path}", data=row.body, files=row.files,
+                          headers=headers or {}, timeout=60)
     return httpx.post(f"{env.gateway.url}{row.path}", json=row.body, headers=headers or {}, timeout=60)
 
 
@@ -226,13 +272,17 @@ def _upstream_path(row: Row) -> str:
     return "/chat/completions" if row.path in (CHAT, EDITS, A2A) else row.path.removeprefix("/v1")
 
 
+def _served_by(env: Env, sent: Any) -> str:
+    return "openai" if any(sent is q for q in env.primary.requests) else "openrouter"
+
+
 # ---------------------------------------------------------------------------------------------- the table
 
 
 @pytest.mark.parametrize("name", list(PAID))
 def test_what_was_paid_is_what_the_upstream_was_asked_for(env: Env, name: str) -> None:
     row = PAID[name]
-    assert row.priced_as is not None and row.cap is not None
+    assert row.priced_as is not None and (row.cap is None) != (row.default_cap is None)
     price, reference = row.priced_as
     expected = usd_to_atomic(Decimal(price(reference, _spec(row.model))))
     amount, required = _quote(env, row)
@@ -247,9 +297,15 @@ def test_what_was_paid_is_what_the_upstream_was_asked_for(env: Env, name: str) -
         assert r.status_code == 200, r.text
     assert env.balance() - before == amount  # really paid, on the devnet
     [sent] = env.served(_upstream_path(row))  # what the upstream was asked for
+    served_by = _served_by(env, sent)
+    assert row.provider in (None, served_by)
     for key, value in row.upstream.items():
         assert sent.json[key] == value, (key, sent.json.get(key))
-    assert [cap for cap in CAPS if cap in sent.json] == [row.cap]  # one cap, no uncapped alias
+    caps = [cap for cap in CAPS if cap in sent.json]  # one cap, no uncapped alias
+    if row.default_cap is not None:  # none named: the serving upstream's own field, at the paid cap
+        assert caps == [DEFAULT_CAP[served_by]] and sent.json[caps[0]] == row.default_cap, sent.json
+    else:
+        assert caps == [row.cap]
     for key in row.absent:
         assert key not in sent.json
 
@@ -334,3 +390,135 @@ def test_a_form_route_refuses_an_unknown_field_too(env: Env) -> None:
     assert env.balance() == before
     assert env.primary.requests == [] and env.fallback.requests == []
 
+
+# ---------------------------------------------------------------------------------------------- media
+# Image and transcription models that bill input tokens besides their unit price: the quote adds them.
+# `usd` is worked out here from OpenAI's published prices and its image-token rule for GPT Image
+# (65 + 129 per 512px tile, after scaling the shortest side down to 512px: image_tokens.py), not by
+# the pricing code.
+
+
+def _tokens(text: str, model: str) -> int:
+    return estimate_tokens(text, model).tokens
+
+
+LONG_PROMPT = ("A lighthouse on a rocky cliff at dusk, waves breaking below, gulls circling the lamp. "
+               * 400)[:32000]  # OpenAI's longest gpt-image-1 prompt
+SHORT_PROMPT = "A lighthouse at dusk"
+EDIT_PROMPT = "Merge the two pictures into one poster"
+SQUARE = tiny_png("square", 1024, 1024)  # scaled to 512x512: 1 tile, 65 + 129 = 194 tokens
+WIDE = tiny_png("wide", 1536, 1024)  # scaled to 768x512: 2 tiles, 65 + 2 x 129 = 323 tokens
+AUDIO = _wav(30.0)
+TRANSCRIBE_PROMPT = "Speakers name products: Paywire, x402, USDC, Base Sepolia, OpenRouter, Anvil. " * 10
+GPT_IMAGE = {"model": "gpt-image-1", "size": "1024x1024", "quality": "low"}  # $0.011 an image
+TEXT_IN, IMAGE_IN = Decimal(5), Decimal(10)  # gpt-image-1: $ per 1M text / image input tokens
+
+
+@dataclass
+class MediaRow:
+    """A paid media request: `body` (JSON, or with `files` the form's text fields); `usd`, the quote
+    from the published prices; `priced_as`, (price function, body) that must give the same; what the
+    upstream must receive: `upstream` fields and `upstream_files` (field, bytes)."""
+
+    path: str
+    body: dict[str, Any]
+    usd: Decimal
+    priced_as: tuple[Any, dict[str, Any]]
+    upstream: dict[str, Any]
+    files: list[tuple[str, tuple[str, bytes, str]]] | None = None
+    upstream_files: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def _image_row(prompt: str) -> MediaRow:
+    body = {**GPT_IMAGE, "prompt": prompt}
+    return MediaRow("/v1/images/generations", body,
+                    Decimal("0.011") + _tokens(prompt, "gpt-image-1") * TEXT_IN / MILLION,
+                    (image_price, body), {"prompt": prompt, "quality": "low", "size": "1024x1024"})
+
+
+MEDIA = {
+    # the prompt's text tokens on top of the image
+    "image, a 32,000-character prompt": _image_row(LONG_PROMPT),
+    "image, a short prompt": _image_row(SHORT_PROMPT),
+    # edits: every input image's tokens, from its own size
+    "image edit, 2 input images": MediaRow(
+        "/v1/images/edits", {**GPT_IMAGE, "prompt": EDIT_PROMPT},
+        Decimal("0.011") + (_tokens(EDIT_PROMPT, "gpt-image-1") * TEXT_IN + (194 + 323) * IMAGE_IN) / MILLION,
+        (image_price, {**GPT_IMAGE, "prompt": EDIT_PROMPT,
+                       "image": [UploadedFile(SQUARE, "square.png"), UploadedFile(WIDE, "wide.png")]}),
+        {"prompt": EDIT_PROMPT, "quality": "low", "size": "1024x1024"},
+        files=[("image[]", ("square.png", SQUARE, "image/png")),
+               ("image[]", ("wide.png", WIDE, "image/png"))],
+        upstream_files=[("image[]", SQUARE), ("image[]", WIDE)]),
+    "image edit, an image and its mask": MediaRow(
+        "/v1/images/edits", {**GPT_IMAGE, "prompt": EDIT_PROMPT},
+        Decimal("0.011") + (_tokens(EDIT_PROMPT, "gpt-image-1") * TEXT_IN + 2 * 194 * IMAGE_IN) / MILLION,
+        (image_price, {**GPT_IMAGE, "prompt": EDIT_PROMPT, "image": UploadedFile(SQUARE, "in.png"),
+                       "mask": UploadedFile(SQUARE, "mask.png")}),
+        {"prompt": EDIT_PROMPT},
+        files=[("image", ("in.png", SQUARE, "image/png")), ("mask", ("mask.png", SQUARE, "image/png"))],
+        upstream_files=[("image", SQUARE), ("mask", SQUARE)]),
+    # gpt-4o-transcribe bills its prompt as text input tokens ($2.50 per 1M) on top of the audio
+    "transcription with a prompt, gpt-4o-transcribe": MediaRow(
+        "/v1/audio/transcriptions", {"model": "gpt-4o-transcribe", "prompt": TRANSCRIBE_PROMPT},
+        Decimal("0.006") * 30 / 60
+        + _tokens(TRANSCRIBE_PROMPT, "gpt-4o-transcribe") * Decimal("2.50") / MILLION,
+        (transcription_price, {"model": "gpt-4o-transcribe", "prompt": TRANSCRIBE_PROMPT,
+                               "file": UploadedFile(AUDIO, "memo.wav")}),
+        {"model": "gpt-4o-transcribe", "prompt": TRANSCRIBE_PROMPT},
+        files=[("file", ("memo.wav", AUDIO, "audio/wav"))], upstream_files=[("file", AUDIO)]),
+    # whisper-1 bills per minute only: its prompt costs nothing more
+    "transcription with a prompt, whisper-1": MediaRow(
+        "/v1/audio/transcriptions", {"model": "whisper-1", "prompt": TRANSCRIBE_PROMPT},
+        Decimal("0.006") * 30 / 60,
+        (transcription_price, {"model": "whisper-1", "prompt": TRANSCRIBE_PROMPT,
+                               "file": UploadedFile(AUDIO, "memo.wav")}),
+        {"model": "whisper-1", "prompt": TRANSCRIBE_PROMPT},
+        files=[("file", ("memo.wav", AUDIO, "audio/wav"))], upstream_files=[("file", AUDIO)]),
+}
+
+
+@pytest.mark.parametrize("name", list(MEDIA))
+def test_media_inputs_are_paid_for_and_sent_as_quoted(env: Env, name: str) -> None:
+    row = MEDIA[name]
+    price, reference = row.priced_as
+    assert price(reference, _spec(row.body["model"])) == row.usd  # the route's price: the published one
+    request = Row(row.path, row.body, files=row.files, model=row.body["model"])
+    amount, required = _quote(env, request)
+    assert amount == usd_to_atomic(row.usd)  # what was paid
+    before = env.balance()
+    r = _send(env, request, {"PAYMENT-SIGNATURE": _payment(env, required)})
+    assert r.status_code == 200, r.text
+    assert env.balance() - before == amount  # really paid, on the devnet
+    [sent] = env.served(row.path.removeprefix("/v1"))  # what the upstream was asked for
+    fields = sent.json if row.files is None else sent.form
+    for key, value in row.upstream.items():
+        assert fields[key] == value, (key, fields.get(key))
+    assert [(f.field, f.data) for f in sent.files] == row.upstream_files
+
+
+def test_a_long_image_prompt_costs_its_extra_tokens(env: Env) -> None:
+    long = _quote(env, Row("/v1/images/generations", MEDIA["image, a 32,000-character prompt"].body))[0]
+    short = _quote(env, Row("/v1/images/generations", MEDIA["image, a short prompt"].body))[0]
+    extra = _tokens(LONG_PROMPT, "gpt-image-1") - _tokens(SHORT_PROMPT, "gpt-image-1")
+    assert extra > 6000
+    assert long - short == 5 * extra  # $5 per 1M text tokens: 5 atomic units (6 decimals) per token
+
+
+def test_a_fallback_gets_the_paid_cap_in_its_own_field(env: Env) -> None:
+    """One paid call naming no cap: OpenAI (failing) was asked with max_completion_tokens, OpenRouter
+    (serving) with max_tokens; the same paid cap each time, charged once."""
+    body = {"model": "o4-mini", "messages": M}
+    amount, required = _quote(env, Row(CHAT, body, model="o4-mini"))
+    assert amount == usd_to_atomic(chat_price({**body, "max_tokens": 4096}, _spec("o4-mini")))
+    env.primary.behaviour.fail(503, 503)  # the first try and its retry
+    before = env.balance()
+    r = post_paid(f"{env.gateway.url}{CHAT}", body, _payment(env, required))
+    assert r.status_code == 200, r.text
+    assert env.balance() - before == amount
+    tried = env.primary.requests_to("/chat/completions")
+    [served] = env.fallback.requests_to("/chat/completions")
+    assert len(tried) == 2 and all([c for c in CAPS if c in q.json] == ["max_completion_tokens"]
+                                   and q.json["max_completion_tokens"] == 4096 for q in tried)
+    assert [c for c in CAPS if c in served.json] == ["max_tokens"] and served.json["max_tokens"] == 4096
+    assert served.json["model"] == "openai/o4-mini"

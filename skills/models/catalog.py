@@ -1,10 +1,16 @@
 """The model table: which models are sold, where each is served from, and at what price.
 
-`models.json` holds the providers (base URL, key variable, kind) and the models (operations, limits,
-upstreams in preference order, fallback prices). `load_catalog` validates it strictly, takes token,
-character and audio-hour prices from the `genai-prices` package where it knows an upstream's model,
-applies the operator's margin, and leaves out (with a warning) every model that lacks a price for an
-operation it lists: a model is never sold at $0.
+`models.json` holds the providers (base URL, key variable, kind, the field their chat API takes the
+output cap in) and the models (operations, limits, upstreams in preference order, fallback prices).
+`load_catalog` validates it strictly, takes token, character and audio-hour prices from the
+`genai-prices` package where it knows an upstream's model, applies the operator's margin, and leaves
+out (with a warning) every model that lacks a price for an operation it lists: a model is never sold
+at $0.
+
+Some operations bill tokens besides their unit price on some models only (_TOKEN_EXTRAS): the GPT
+Image models bill the prompt's text tokens and the input images' image tokens on top of the output
+image, gpt-4o-transcribe bills its `prompt` as text tokens on top of the audio. Those prices are
+optional (DALL-E and Whisper bill none); where a model has them, its routes price those inputs.
 
 This module imports nothing from the rest of paywire: money is plain `Decimal`.
 """
@@ -43,12 +49,25 @@ _OPERATION_FIELDS: dict[str, tuple[str, ...]] = {
     "images.edits": ("per_image",),
     "audio.generations": ("per_call", "per_second"),
 }
-_DECIMAL_FIELDS = ("input_per_mtok", "output_per_mtok", "per_mchars", "per_minute", "per_call", "per_second")
+# Token prices an operation adds to its unit price on the models that bill them (optional: a model
+# without them bills none): text input (an image prompt, a transcription prompt) and input images.
+_TOKEN_EXTRAS: dict[str, tuple[str, ...]] = {
+    "images.generations": ("input_per_mtok",),
+    "images.edits": ("input_per_mtok", "input_image_per_mtok"),
+    "audio.transcriptions": ("input_per_mtok",),
+    "audio.translations": ("input_per_mtok",),
+}
+_DECIMAL_FIELDS = ("input_per_mtok", "output_per_mtok", "per_mchars", "per_minute", "per_call", "per_second",
+                   "input_image_per_mtok")
 _PRICE_KEYS = frozenset({*_DECIMAL_FIELDS, "per_image", "image_defaults"})
 _MODEL_KEYS = frozenset({"id", "name", "family", "operations", "context_window", "default_max_tokens",
                          "max_output_tokens", "upstreams", "prices", "notes"})
 _PROVIDER_KEYS = frozenset({"kind", "base_url", "api_key_env", "base_url_env", "key_required",
-                            "genai_prices_provider"})
+                            "genai_prices_provider", "cap_field"})
+# The output cap's field in a chat body: OpenAI's API takes max_completion_tokens for every chat model
+# (its reasoning models refuse max_tokens); OpenRouter, vLLM, Ollama and the other compatible APIs take
+# max_tokens.
+CAP_FIELDS = ("max_tokens", "max_completion_tokens")
 # Per-minute prices derived from per-hour ones are rounded up to this step (never in the buyer's favour
 # below cost; the atomic conversion rounds up again).
 _PER_MINUTE_STEP = Decimal("1e-9")
@@ -67,6 +86,8 @@ class ProviderSpec:
     base_url_env: str | None
     key_required: bool
     genai_prices_provider: str | None = None
+    # The field its chat API takes the output cap in, used when the caller names none (CAP_FIELDS).
+    cap_field: str = "max_tokens"
 
     def resolved_base_url(self, env: Mapping[str, str]) -> str:
         """The base URL without a trailing slash; `base_url_env` overrides it (tests use a loopback)."""
@@ -102,6 +123,8 @@ class ModelPrices:
     per_image: dict[str, Decimal] = field(default_factory=dict)
     per_call: Decimal | None = None
     per_second: Decimal | None = None
+    # Input image tokens (GPT Image edits), per 1M; the text-input price is input_per_mtok.
+    input_image_per_mtok: Decimal | None = None
     source: str = "table"
     # Cliff tiers by prompt size, (above_input_tokens, price) ascending: past a threshold the whole
     # request pays that rate (Gemini 2.5 Pro, Claude Sonnet 4.5 above 200k). The fields above are the base.
@@ -111,7 +134,11 @@ class ModelPrices:
     image_defaults: dict[str, str] = field(default_factory=dict)
 
     def covers(self, operation: str) -> bool:
-        """True when every price the operation is quoted from is known and > 0."""
+        """True when every price the operation is quoted from is known and > 0. A token-billed image
+        model (one with a text-input price) also needs its input-image price for edits."""
+        if operation == "images.edits" and self.input_per_mtok is not None \
+                and not _positive(self.input_image_per_mtok):
+            return False
         if operation in ("images.generations", "images.edits"):
             return bool(self.per_image) and all(p > 0 for p in self.per_image.values())
         if operation == "audio.generations":
@@ -231,7 +258,9 @@ def load_catalog(path: Path | None = None, *, margin: Decimal = Decimal("0"),
         priced = _price(spec, providers, lookup)
         missing = [op for op in spec.operations if not priced.covers(op)]
         if missing:
-            fields_needed = sorted({f for op in missing for f in _OPERATION_FIELDS[op]})
+            fields_needed = sorted({f for op in missing for f in _OPERATION_FIELDS[op]}
+                                   | ({"input_image_per_mtok"} if "images.edits" in missing
+                                      and priced.input_per_mtok is not None else set()))
             message = (f"model {spec.id!r} is not sold: no price > 0 for {', '.join(missing)} "
                        f"(needs {' / '.join(fields_needed)})")
             catalog.warnings.append(message)  # the app logs these at startup
@@ -266,9 +295,13 @@ def _parse_providers(raw: Any) -> dict[str, ProviderSpec]:
         if key_required and not api_key_env:
             raise ValueError(f"{where} field 'api_key_env': required when key_required is true")
         genai = _optional_str(entry.get("genai_prices_provider"), where, "genai_prices_provider")
+        cap_field = entry.get("cap_field", "max_tokens")
+        if cap_field not in CAP_FIELDS:
+            raise ValueError(f"{where} field 'cap_field': must be one of {', '.join(CAP_FIELDS)}, "
+                             f"got {cap_field!r}")
         providers[key] = ProviderSpec(key=key, kind=kind, base_url=base_url, api_key_env=api_key_env,
                                       base_url_env=base_url_env, key_required=key_required,
-                                      genai_prices_provider=genai)
+                                      genai_prices_provider=genai, cap_field=cap_field)
     return providers
 
 
@@ -368,7 +401,7 @@ def _parse_prices(raw: Any, operations: list[str], bad: Callable[[str, str], Val
     unknown = sorted(set(raw) - _PRICE_KEYS)
     if unknown:
         raise bad(f"prices.{unknown[0]}", "unknown price field")
-    used = {f for op in operations for f in _OPERATION_FIELDS[op]}
+    used = {f for op in operations for f in (*_OPERATION_FIELDS[op], *_TOKEN_EXTRAS.get(op, ()))}
     for name in raw:
         if name != "image_defaults" and name not in used:
             raise bad(f"prices.{name}", "not used by any of the model's operations")
@@ -468,7 +501,8 @@ def _price(spec: ModelSpec, providers: Mapping[str, ProviderSpec],
     """
     if lookup is None:
         return spec.prices
-    wanted = {f for op in spec.operations for f in _OPERATION_FIELDS[op]} & set(_DECIMAL_FIELDS)
+    wanted = {f for op in spec.operations
+              for f in (*_OPERATION_FIELDS[op], *_TOKEN_EXTRAS.get(op, ()))} & set(_DECIMAL_FIELDS)
     known: dict[str, list[_Quote]] = {name: [] for name in wanted}
     unknown: set[str] = set()
     for upstream in spec.upstreams:
@@ -533,7 +567,7 @@ def _genai_lookup(provider_id: str, model_ref: str) -> dict[str, _Quote]:
     model_price = result.model_price
     quotes: dict[str, _Quote] = {}
     for ours, theirs in (("input_per_mtok", "input_mtok"), ("output_per_mtok", "output_mtok"),
-                         ("per_mchars", "input_mchars")):
+                         ("per_mchars", "input_mchars"), ("input_image_per_mtok", "input_image_mtok")):
         quote = _as_quote(getattr(model_price, theirs, None))
         if quote is not None:
             quotes[ours] = quote

@@ -4,8 +4,9 @@ The quote is token_quotes.py's rule: every input the upstream bills as prompt (t
 their names, tools, functions, tool_choice, response_format; the token-count-508 estimator) x input
 price plus the paid output (the cap x n) x output price, rounded up by the pipeline; below the
 route's minimum it is the minimum, above its maximum the request is refused with how to bring it
-under. The upstream body is built from CHAT_FIELDS only and carries exactly the paid cap; fields the
-upstream would bill beyond that are refused. Identical requests get identical quotes.
+under. The upstream body is built from CHAT_FIELDS only and carries exactly the paid cap, in the
+caller's field or (none named) in the field the serving upstream takes (its provider's `cap_field`);
+fields the upstream would bill beyond that are refused. Identical requests get identical quotes.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ from .token_quotes import (  # MAX_USD, MIN_USD: the route's range, also read fr
     MIN_USD,  # noqa: F401
     SAMPLING,
     Input,
+    OutputBudget,
     json_tokens,
     output_budget,
     token_cost,
     token_quote,
     usage_record,
 )
-from .upstream import Target, UpstreamClient
+from .upstream import JsonBody, Target, UpstreamClient
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "name")
@@ -186,9 +188,12 @@ def chat_price(body: dict[str, Any], spec: Any) -> Decimal:
     return token_quote(spec, chat_inputs(body, spec), output_budget(body, spec, inner=REASONING_BUDGETS))
 
 
-def chat_upstream_body(body: dict[str, Any], spec: Any) -> dict[str, Any]:
-    """The body an upstream gets: CHAT_FIELDS' fields only, with exactly the paid output budget."""
-    return {**CHAT_FIELDS.forward(body), **output_budget(body, spec, inner=REASONING_BUDGETS).forward}
+def chat_upstream_parts(body: dict[str, Any], spec: Any) -> tuple[dict[str, Any], OutputBudget]:
+    """What an upstream gets: CHAT_FIELDS' fields only (the first item, the same for every upstream),
+    with exactly the paid output budget, whose fields may differ per upstream: the cap in the
+    caller's field, or, when it named none, in the one that upstream takes
+    (`budget.upstream(target.cap_field)`)."""
+    return CHAT_FIELDS.forward(body), output_budget(body, spec, inner=REASONING_BUDGETS)
 
 
 def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
@@ -202,11 +207,12 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
         return chat_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        upstream_body = chat_upstream_body(body, spec)
-        upstream_body.pop("stream_options", None)  # (only allowed with a stream)
-        upstream_body["stream"] = False
+        common, budget = chat_upstream_parts(body, spec)
+        common.pop("stream_options", None)  # (only allowed with a stream)
+        common["stream"] = False
         answer, target, _ = await client.request(_require(targets, spec), "/chat/completions",
-                                                 json_body=upstream_body)
+                                                 json_body=lambda t: {**common,
+                                                                      **budget.upstream(t.cap_field)})
         if not isinstance(answer, dict) or "choices" not in answer:
             raise UpstreamError("the model provider answered without choices", 502)
         answer["model"] = spec.id
@@ -215,21 +221,26 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
                            upstream_cost_usd=token_cost(usage, spec))
 
     def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
-        return metered_stream(client, _require(targets, spec), "/chat/completions",
-                              chat_upstream_body(body, spec), spec)
+        common, budget = chat_upstream_parts(body, spec)
+        return metered_stream(client, _require(targets, spec), "/chat/completions", common, spec,
+                              per_upstream=lambda t: budget.upstream(t.cap_field))
 
     return Operation("chat.completions", run, price, validate, stream)
 
 
 async def metered_stream(client: UpstreamClient, targets: Sequence[Target], path: str,
-                         upstream: dict[str, Any], spec: Any) -> AsyncIterator[Any]:
+                         upstream: dict[str, Any], spec: Any, *,
+                         per_upstream: Callable[[Target], dict[str, Any]] | None = None
+                         ) -> AsyncIterator[Any]:
     """An OpenAI token stream passed through chunk by chunk; `upstream` is the route's upstream body
-    (paid cap included). The upstream is always asked for its usage report (the ledger wants it);
-    the caller sees that report only if it asked for it. The last item is a StreamUsage for the
-    pipeline."""
+    (paid cap included, or given per upstream by `per_upstream`). The upstream is always asked for
+    its usage report (the ledger wants it); the caller sees that report only if it asked for it. The
+    last item is a StreamUsage for the pipeline."""
     options = upstream.get("stream_options") if isinstance(upstream.get("stream_options"), dict) else {}
     wants_usage = options.get("include_usage") is True
-    upstream_body = {**upstream, "stream": True, "stream_options": {**options, "include_usage": True}}
+    base = {**upstream, "stream": True, "stream_options": {**options, "include_usage": True}}
+    upstream_body: JsonBody = base if per_upstream is None else (
+        lambda target: {**base, **per_upstream(target)})
     served: list[Target] = []
     usage: dict[str, Any] | None = None
     async for event in client.stream(targets, path, upstream_body, on_start=served.append):

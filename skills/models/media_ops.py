@@ -4,14 +4,21 @@ prices, and calls the model's upstreams:
 
 - audio.speech: input characters x the price per 1M characters, within $0.001-$5.00;
 - audio.transcriptions / audio.translations: the audio's duration, read from the file itself
-  (audio_duration), x the price per minute, within $0.001-$1.00;
+  (audio_duration), x the price per minute, plus on token-billed models (gpt-4o-transcribe, which
+  bills its `prompt` as text input tokens) the prompt's estimated tokens x the text-input price,
+  within $0.001-$1.00;
 - audio.generations (ElevenLabs, audio_elevenlabs): duration_seconds x the price per second, or the price
   per call when the provider picks the length, within $0.001-$0.10;
-- images.generations / images.edits: n x the price of one image of that size and quality.
+- images.generations / images.edits: n x the price of one image of that size and quality (the output
+  image tokens), plus on token-billed models (GPT Image: those with input token prices in the catalog)
+  the input: the prompt's estimated text tokens x the text-input price, and on edits each input image's
+  tokens (image and mask, from their dimensions: image_tokens.py) x the image-input price. An input
+  image whose size cannot be read from its header (PNG, JPEG, WebP) is refused, naming its field.
 
 Each route accepts the fields of its table below (request_fields.py): what is priced, what is free, and
 what is refused because the upstream would bill it beyond the price (partial images, high input
-fidelity); any other field is refused naming it, and the upstream gets the table's fields only.
+fidelity, which adds 4,096-6,144 tokens per input image); any other field is refused naming it, and
+the upstream gets the table's fields only.
 
 Uploads reach the operations as `UploadedFile` values inside the payload (see there for why).
 """
@@ -30,9 +37,11 @@ import aiohttp
 
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult
+from ..tokens import estimate_tokens
 from .audio_duration import audio_duration
 from .audio_elevenlabs import MAX_SECONDS, MEDIA_TYPE, MIN_SECONDS, SOUND_PATH, ElevenLabsTarget, sound_body
 from .chat import Targets
+from .image_tokens import MAX_IMAGE_TOKENS, image_dimensions, image_tokens
 from .request_fields import FREE, PRICED, REFUSED, Field, FieldTable, integer, one_of, text
 from .upstream import Target, UpstreamClient
 
@@ -64,7 +73,8 @@ SPEECH_FIELDS = FieldTable("/v1/audio/speech", {
 _AUDIO_TEXT = {
     "model": _MODEL,
     "file": Field(PRICED),  # its duration
-    "prompt": Field(FREE), "response_format": Field(FREE), "temperature": Field(FREE),
+    "prompt": Field(PRICED),  # its text tokens, on models that bill them (gpt-4o-transcribe)
+    "response_format": Field(FREE), "temperature": Field(FREE),
     "stream": Field(FREE),  # (false only)
 }
 TRANSCRIPTION_FIELDS = FieldTable("/v1/audio/transcriptions", {
@@ -78,7 +88,7 @@ GENERATION_FIELDS = FieldTable("/v1/audio/generations", {
 })
 _IMAGE = {
     "model": _MODEL,
-    "prompt": Field(PRICED),  # (bounded at IMAGE_PROMPT_CHARS; priced within the image price)
+    "prompt": Field(PRICED),  # text tokens on token-billed models (GPT Image); <= IMAGE_PROMPT_CHARS
     "n": Field(PRICED), "size": Field(PRICED), "quality": Field(PRICED),  # n x the price per image
     "response_format": Field(FREE),
     "user": Field(FREE, text(256)),
@@ -93,7 +103,7 @@ IMAGE_FIELDS = FieldTable("/v1/images/generations", {
     "moderation": Field(FREE, one_of("low", "auto")),
 })
 IMAGE_EDIT_FIELDS = FieldTable("/v1/images/edits", {
-    **_IMAGE, "image": Field(PRICED), "mask": Field(PRICED),
+    **_IMAGE, "image": Field(PRICED), "mask": Field(PRICED),  # image tokens by size (GPT Image)
     "input_fidelity": Field(REFUSED, why="high input fidelity bills more input image tokens"),
 })
 
@@ -125,6 +135,11 @@ class UploadedFile(dict[str, Any]):
         """Playing time if this is audio whose duration can be read (validation and pricing both ask)."""
         return audio_duration(self.data)
 
+    @cached_property
+    def dimensions(self) -> tuple[int, int] | None:
+        """(width, height) if this is a PNG, JPEG or WebP image whose header can be read."""
+        return image_dimensions(self.data)
+
 
 # ---------------------------------------------------------------------------------------------- quotes
 
@@ -149,12 +164,29 @@ def speech_price(body: dict[str, Any], spec: Any) -> Decimal:
     return _within(usd, SPEECH_USD, "input", f"send at most {fit} characters")
 
 
+def prompt_tokens(body: dict[str, Any], spec: Any) -> int:
+    """The `prompt`'s estimated text tokens on a model that bills them (a text-input price), else 0."""
+    prompt = body.get("prompt")
+    if spec.prices.input_per_mtok is None or not isinstance(prompt, str) or not prompt:
+        return 0
+    return estimate_tokens(prompt, spec.id).tokens
+
+
+def _input_usd(spec: Any, text_tokens: int, image_tokens: int = 0) -> Decimal:
+    """Input billed in tokens (token-billed image and transcription models): text and image tokens at
+    their input prices."""
+    prices = spec.prices
+    return (text_tokens * (prices.input_per_mtok or 0)
+            + image_tokens * (prices.input_image_per_mtok or 0)) / MILLION
+
+
 def transcription_price(body: dict[str, Any], spec: Any) -> Decimal:
-    """The audio's exact duration (from the file) x the price per minute."""
+    """The audio's exact duration (from the file) x the price per minute, plus the prompt's text tokens
+    on models that bill them (gpt-4o-transcribe)."""
     upload = body.get("file")
     seconds = (upload.seconds if isinstance(upload, UploadedFile) else None) or Decimal(0)  # (a probe)
     per_minute = spec.prices.per_minute
-    usd = seconds * per_minute / 60
+    usd = seconds * per_minute / 60 + _input_usd(spec, prompt_tokens(body, spec))
     fit = math.floor(TRANSCRIPTION_USD[1] / per_minute)
     return _within(usd, TRANSCRIPTION_USD, "file", f"this audio lasts {seconds:.1f} s; split it into parts "
                                                    f"of at most {fit} minutes")
@@ -175,11 +207,31 @@ def generation_price(body: dict[str, Any], spec: Any) -> Decimal:
 
 
 def image_price(body: dict[str, Any], spec: Any) -> Decimal:
-    """n x the price of one image at the requested (or the model's default) size and quality."""
+    """n x the price of one image at the requested (or the model's default) size and quality, plus the
+    input on token-billed models (GPT Image): the prompt's text tokens and the input images' tokens."""
     one: Decimal | None = spec.prices.image_price(body.get("size"), body.get("quality"))
     if one is None:
         raise _image_option_error(body, spec)
-    return one * int(body.get("n") or 1)
+    return one * int(body.get("n") or 1) + _input_usd(spec, prompt_tokens(body, spec),
+                                                      input_image_tokens(body, spec))
+
+
+def input_images(body: dict[str, Any]) -> list[tuple[str, UploadedFile]]:
+    """(field, file) of every image an edit sends the model: the images, then the mask."""
+    images = body.get("image")
+    found = [("image", f) for f in (images if isinstance(images, list) else [images])]
+    found.append(("mask", body.get("mask")))
+    return [(name, f) for name, f in found if isinstance(f, UploadedFile)]
+
+
+def input_image_tokens(body: dict[str, Any], spec: Any) -> int:
+    """The input images' tokens on a model that bills them (an image-input price), else 0: each image's
+    by its dimensions (image_tokens.py); the mask counts as one more input image, as it is given to the
+    model. A file whose size cannot be read (refused by validation; a probe) counts the most one can."""
+    if spec.prices.input_image_per_mtok is None:
+        return 0
+    return sum(image_tokens(*f.dimensions) if f.dimensions else MAX_IMAGE_TOKENS
+               for _, f in input_images(body))
 
 
 def _image_option_error(body: dict[str, Any], spec: Any) -> SkillInputError:
@@ -238,6 +290,16 @@ def _uploads(value: Any, name: str, limit: int) -> list[UploadedFile]:
     if not files or len(files) > limit:
         raise SkillInputError(f"'{name}' takes 1 to {limit} files", name)
     return [_upload(f, name) for f in files]
+
+
+def _readable_images(body: dict[str, Any], spec: Any) -> None:
+    """On a model that bills input images by their size, every image's size must be readable."""
+    if spec.prices.input_image_per_mtok is None:
+        return
+    for name, upload in input_images(body):
+        if upload.dimensions is None:
+            raise SkillInputError(f"cannot read the size of '{upload.filename}' ({name}), which {spec.id} "
+                                  "bills input image tokens by; send PNG, JPEG or WebP images", name)
 
 
 def _image_options(body: dict[str, Any], spec: Any) -> None:
@@ -390,7 +452,8 @@ def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: U
         raw, target, content_type = await _call(client, targets(), f"/audio/{task}",
                                                 lambda t: _form(t, sent, {"file": [upload]}))
         seconds = upload.seconds or Decimal(0)
-        cost = spec.upstream_cost(seconds * spec.prices.per_minute / 60)
+        cost = spec.upstream_cost(seconds * spec.prices.per_minute / 60
+                                  + _input_usd(spec, prompt_tokens(body, spec)))
         facts = {"audio_seconds": float(round(seconds, 3))}
         if (body.get("response_format") or "json") in ("json", "verbose_json"):
             answer = _json_answer(raw, "text")
@@ -451,8 +514,23 @@ def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: Any) -
         raise UpstreamError("the model provider answered without images", 502)
     one = spec.prices.image_price(body.get("size"), body.get("quality")) or Decimal(0)
     facts = {"images": len(images), "size": body.get("size"), "quality": body.get("quality")}
+    # the input tokens as the upstream reports them (GPT Image), else as quoted
+    reported = _reported_input(answer.get("usage"))
+    text_tokens, image_tokens_in = reported or (prompt_tokens(body, spec), input_image_tokens(body, spec))
     return SkillResult(body=answer, usage=_usage(target, facts, answer.get("usage")),
-                       upstream_cost_usd=spec.upstream_cost(one * len(images)))
+                       upstream_cost_usd=spec.upstream_cost(one * len(images)
+                                                            + _input_usd(spec, text_tokens, image_tokens_in)))
+
+
+def _reported_input(usage: Any) -> tuple[int, int] | None:
+    """(text, image) input tokens of an images answer's usage report, None without one."""
+    details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
+    if not isinstance(details, dict):
+        return None
+    counts = details.get("text_tokens"), details.get("image_tokens", 0)
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return None
+    return counts[0], counts[1]
 
 
 def make_image_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
@@ -479,6 +557,7 @@ def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClien
             _upload(body["mask"], "mask")
         _image_options(body, spec)
         IMAGE_EDIT_FIELDS.check(body)
+        _readable_images(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
         targets()

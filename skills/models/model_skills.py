@@ -61,7 +61,8 @@ def _targets_for(catalog: Any, spec: Any, env: Mapping[str, str]) -> Any:
             key = provider.api_key(env)
             if provider.key_required and not key:
                 continue
-            found.append(Target(provider.key, provider.resolved_base_url(env), upstream.model, key))
+            found.append(Target(provider.key, provider.resolved_base_url(env), upstream.model, key,
+                                provider.cap_field))
         if not found:
             _, needed = catalog.available(spec.id, env)
             raise UpstreamError(f"model '{spec.id}' is not available on this gateway: set "

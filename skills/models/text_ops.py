@@ -196,8 +196,10 @@ def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) ->
 
     async def run(body: dict[str, Any]) -> SkillResult:
         chat = {**EDITS_FIELDS.forward(body, without=("instruction", "input", "stream")),
-                "messages": edit_messages(body), **output_budget(body, spec).forward, "stream": False}
-        answer, target, _ = await client.request(targets(), "/chat/completions", json_body=chat)
+                "messages": edit_messages(body), "stream": False}
+        budget = output_budget(body, spec)  # the cap in the caller's field, else the upstream's
+        answer, target, _ = await client.request(targets(), "/chat/completions",
+                                                 json_body=lambda t: {**chat, **budget.upstream(t.cap_field)})
         choices = []
         for i, choice in enumerate(_choices_of(answer)):
             message = choice.get("message") if isinstance(choice, dict) else None

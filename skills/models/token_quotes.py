@@ -8,8 +8,11 @@ is one cap per completion, forwarded upstream as exactly what was paid:
 
 - `max_tokens` or `max_completion_tokens` (null = absent = the model's default). They are aliases
   upstream (OpenAI, vLLM), so both given with different values is refused (400 naming
-  `max_completion_tokens`); the cap is forwarded in one field only, the one the caller used
-  (`max_completion_tokens` if sent, `max_tokens` otherwise), so no uncapped alias reaches the upstream;
+  `max_completion_tokens`); the cap is forwarded in one field only, so no uncapped alias reaches the
+  upstream: the one the caller used (`max_completion_tokens` if sent), or, when it used none, the
+  one the serving upstream takes (`Target.cap_field`, its provider's preset: OpenAI's API refuses
+  `max_tokens` for its reasoning models, OpenRouter and vLLM take `max_tokens`). Chat-shaped routes
+  ask `OutputBudget.upstream(cap_field)` for that; legacy completions always use `max_tokens`;
 - completions: `n` (and `best_of`, which generates that many) per prompt, each up to the cap;
 - reasoning budgets (`reasoning.max_tokens`, `thinking.budget_tokens`) are spent inside the cap, so
   they may not exceed it.
@@ -76,10 +79,19 @@ class Input:
 class OutputBudget:
     """What the quote pays for and the upstream is capped at."""
 
-    field: str  # the cap's field upstream: max_tokens or max_completion_tokens
+    field: str  # the cap's field: the caller's (max_tokens or max_completion_tokens), else max_tokens
     cap: int  # tokens per completion
     completions: int  # completions generated upstream (prompts x max(n, best_of))
     forward: dict[str, Any] = field(default_factory=dict)  # the budget fields of the upstream body
+    chosen: bool = True  # the caller named the cap's field (False: none given, the default budget)
+
+    def upstream(self, cap_field: str) -> dict[str, Any]:
+        """The budget fields for an upstream whose chat API takes the cap in `cap_field` (its
+        provider's preset): the cap in the caller's field if it named one, else in `cap_field`;
+        in one field either way, equal to what was paid."""
+        if self.chosen or cap_field == self.field:
+            return self.forward
+        return {cap_field: self.cap, **{k: v for k, v in self.forward.items() if k != self.field}}
 
 
 def output_budget(body: Mapping[str, Any], spec: Any, *, prompts: int = 1,
@@ -116,7 +128,7 @@ def output_budget(body: Mapping[str, Any], spec: Any, *, prompts: int = 1,
                                   f"{name}.{key}")
         if value is not None:
             forward[name] = value
-    return OutputBudget(cap_field, cap, max(1, prompts) * choices, forward)
+    return OutputBudget(cap_field, cap, max(1, prompts) * choices, forward, chosen=bool(given))
 
 
 def json_tokens(value: Any, model: str) -> int:

@@ -5,6 +5,10 @@ This is the hot path (ARCHITECTURE.md measured aiohttp at ~0.3 ms CPU per pass-t
 plain httpx at ~4.8 ms), so it stays on aiohttp. A fallback happens only before the first byte of
 an answer reached the caller: connection errors, timeouts, 429 and 5xx move on to the next
 upstream; any other 4xx is the request's fault and goes back to the caller as a 400.
+
+A JSON body may differ per upstream (the output cap's field: OpenAI's chat API takes
+max_completion_tokens, the others max_tokens): routes then pass a function of the Target giving its
+body (JsonBody), called for each upstream tried.
 """
 
 from __future__ import annotations
@@ -33,9 +37,15 @@ class Target:
     base_url: str
     model: str
     api_key: str | None = None
+    # The field its chat API takes the output cap in when the caller names none (the provider preset).
+    cap_field: str = "max_tokens"
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+# A JSON body, or a function of the upstream giving its body (fields that differ per upstream).
+JsonBody = dict[str, Any] | Callable[[Target], dict[str, Any]]
 
 
 class _Attempt(Exception):
@@ -89,9 +99,11 @@ class UpstreamClient:
         await asyncio.sleep(random.uniform(0, self._backoff * (2 ** attempt)))
 
     @staticmethod
-    def _json_post(target: Target, body: dict[str, Any]) -> dict[str, Any]:
+    def _json_post(target: Target, body: JsonBody) -> dict[str, Any]:
         """`post` arguments for a JSON body naming the upstream's model, encoded here (orjson)
         rather than by aiohttp's json= (the standard library, and a payload object more)."""
+        if callable(body):
+            body = body(target)
         return {"data": wire_json.dumps({**body, "model": target.model}),
                 "headers": {"Content-Type": "application/json", **target.headers()}}
 
@@ -116,8 +128,8 @@ class UpstreamClient:
         return UpstreamError(f"every upstream failed ({detail})", status=504 if timeout else 502)
 
     # ---- calls ----
-    async def request(self, targets: Sequence[Target], path: str, *, json_body: dict[str, Any] | None
-                      = None, form: aiohttp.FormData | None = None, raw: bool = False
+    async def request(self, targets: Sequence[Target], path: str, *, json_body: JsonBody | None = None,
+                      form: aiohttp.FormData | None = None, raw: bool = False
                       ) -> tuple[Any, Target, str]:
         """POST to the first upstream that answers; returns (JSON or bytes, target, content type)."""
         errors: list[_Attempt] = []
@@ -147,7 +159,7 @@ class UpstreamClient:
             self._failed(target)
         raise self._exhausted(errors)
 
-    async def stream(self, targets: Sequence[Target], path: str, body: dict[str, Any], *,
+    async def stream(self, targets: Sequence[Target], path: str, body: JsonBody, *,
                      on_start: Callable[[Target], None] | None = None
                      ) -> AsyncIterator[dict[str, Any]]:
         """Server-sent JSON events from the first upstream that starts streaming. Falls back only

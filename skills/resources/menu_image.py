@@ -10,7 +10,8 @@ Before any quote (so nobody pays for a refusal):
 - `ready` checks the image model (PAYWIRE_MENU_IMAGE_MODEL, default gpt-image-1-mini): it must be
   sold here, have a provider key (else 503 naming the variable), offer every size of SIZES at
   QUALITY, and quote each such image below this resource's price, so a call never costs more
-  than it earns.
+  than it earns. The check quotes the longest prompt this resource can build (token-billed image
+  models bill the prompt's text tokens on top of the image).
 
 The prompt sent to the model is built from a template: food-photography (or illustration) framing,
 and no people, text or logos unless the description asks for them. The answer holds the image
@@ -160,8 +161,16 @@ def image_operation(context: ResourceContext) -> tuple[str, Operation]:
     return model_id, operation
 
 
+def _longest_prompt() -> str:
+    """The dearest prompt `build_prompt` can make: the longest style, the longest description and
+    cuisine, in emoji (about the token estimator's dearest text per character, ~1.7 tokens each)."""
+    style = max(STYLES, key=lambda name: len(" ".join(STYLES[name])))
+    return build_prompt({"prompt": "\U0001F35C" * MAX_PROMPT_CHARS, "style": style,
+                         "cuisine": "\U0001F35C" * MAX_CUISINE_CHARS})
+
+
 def _check_cost(model_id: str, operation: Operation, size: str) -> None:
-    body = model_body(model_id, "cost check", size)
+    body = model_body(model_id, _longest_prompt(), size)
     try:
         if operation.validator is not None:
             operation.validator(body)

@@ -7,7 +7,8 @@ derived from the request, so tests can predict every text, vector and usage coun
 - chat / completions: the answer is `reply_text(name, chunks)` ("Hello from <name>. 1 2 3" for 4
   chunks), one token per chunk, cut to `max_tokens` (finish_reason "length"); prompt tokens are
   `word_tokens()` of the prompt text; `behaviour.replies` scripts the next non-stream chat answers
-  instead (one token per word, see `scripted_reply`);
+  instead (one token per word, see `scripted_reply`); chat refuses `max_tokens` for the models of
+  `behaviour.completion_cap_only` (OpenAI's reasoning models: use max_completion_tokens), as OpenAI does;
 - embeddings: `embedding_vector(model, text, dimensions)`, values k/128, exact in float32;
 - speech / sound generation: silent audio whose length follows the input text / duration_seconds.
 
@@ -137,15 +138,15 @@ def speech_audio(fmt: str, seconds: float) -> bytes:
     return magic + filler
 
 
-def tiny_png(seed: str) -> bytes:
-    """A valid 2x2 PNG whose colour is derived from `seed`."""
+def tiny_png(seed: str, width: int = 2, height: int = 2) -> bytes:
+    """A valid PNG (2x2 unless told) whose colour is derived from `seed`."""
     rgb = hashlib.sha256(seed.encode()).digest()[:3]
-    raw = b"".join(b"\x00" + rgb * 2 for _ in range(2))
+    raw = b"".join(b"\x00" + rgb * width for _ in range(height))
 
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
 
 
@@ -231,6 +232,8 @@ class UpstreamBehaviour:
     require_key: str | None = None  # OpenAI routes: Bearer <key>; ElevenLabs route: xi-api-key
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))  # GET /v1/models
     strict_models: bool = False  # when True a model not in `models` answers 404 model_not_found
+    # chat models (name prefixes) that refuse max_tokens, as OpenAI's reasoning models do
+    completion_cap_only: tuple[str, ...] = ("o1", "o3", "o4", "gpt-5")
     # non-stream chat completions answer these texts, one per request in order, then the fixed text
     replies: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -263,7 +266,8 @@ class UpstreamBehaviour:
         fresh = UpstreamBehaviour()
         with self._lock:
             for name in ("fail_next", "hang", "delay", "chunk_delay", "gate", "chunks", "break_after",
-                         "malformed_next", "require_key", "models", "strict_models", "replies"):
+                         "malformed_next", "require_key", "models", "strict_models", "replies",
+                         "completion_cap_only"):
                 setattr(self, name, getattr(fresh, name))
 
 
@@ -675,6 +679,9 @@ class OpenAIUpstream:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = self._json_body(request)
         model = self._model_of(body)
+        if "max_tokens" in body and model.startswith(self.behaviour.completion_cap_only):
+            raise _bad("Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+                       "'max_completion_tokens' instead.", param="max_tokens", code="unsupported_parameter")
         if "messages" not in body:
             raise _bad("Missing required parameter: 'messages'.", param="messages",
                        code="missing_required_parameter")
