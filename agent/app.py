@@ -216,7 +216,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     gateway = Gateway(registry, processor, ledger)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
     card_factory = agent_card.cached_card_factory(
-        gateway, base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
+        gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
+        base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
     a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings, card_factory())
 
     @contextlib.asynccontextmanager

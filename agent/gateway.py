@@ -28,6 +28,7 @@ from skills.errors import SkillInputError, SkillUnavailableError, UpstreamAnswer
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
 
+from .catalogue import Catalogue
 from .timing import Timings
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Gateway:
         self, registry: SkillRegistry, processor: PaymentProcessor, ledger: Ledger
     ) -> None:
         self.registry = registry
+        self.catalogue = Catalogue(registry)  # what faces may read of the registry
         self.processor = processor
         self.ledger = ledger
 

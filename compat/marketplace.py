@@ -8,9 +8,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent.catalogue import usd_text
 from agent.gateway import CallRequest, Gateway
 from agent.http_io import BodyTooLarge, InvalidJson, error_body, payment_from, read_json, render
-from payments.money import display_usd
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
@@ -42,7 +42,7 @@ def catalogue_item(skill: Any) -> dict[str, Any]:
         "category": ", ".join(skill.categories),
         "categories": list(skill.categories),
         "method": skill.method,
-        "display_price": display_usd(skill.price_usd),
+        "display_price": usd_text(skill.price_usd),
         "price_usd": format(skill.price_usd.normalize(), "f"),
         "endpoint": f"/v1/marketplace/api/{skill.id}",
     }
@@ -61,7 +61,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
         keyword = (
             request.query_params.get("keyword") or request.query_params.get("q") or ""
         ).strip().lower()
-        resources = gateway.registry.of_kind("resource")
+        resources = gateway.catalogue.of_kind("resource")
         if keyword:
             resources = [
                 s for s in resources
@@ -87,7 +87,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
 
     async def invoke(request: Request) -> Response:
         resource_id = request.path_params["resource_id"]
-        if gateway.registry.get(resource_id) is None:
+        if gateway.catalogue.get(resource_id) is None:
             return _bad("resource_id", f"no resource named '{resource_id}'; GET "
                         "/api/marketplace/apis lists them", 404, "unknown_resource")
         try:

@@ -31,7 +31,7 @@ def _model_object(skill: Skill) -> dict[str, Any]:
 
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
     async def list_models(request: Request) -> Response:
-        data = [_model_object(skill) for skill in gateway.registry.of_kind("model")]
+        data = [_model_object(skill) for skill in gateway.catalogue.of_kind("model")]
         return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(request: Request) -> Response:

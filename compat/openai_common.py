@@ -108,7 +108,7 @@ async def json_body(request: Request, limit: int) -> dict[str, Any] | Response:
 
 def find_model(gateway: Gateway, model: str) -> Any:
     """The model skill named `model`, or OpenAI's 404 `model_not_found` response."""
-    skill = gateway.registry.get(model)
+    skill = gateway.catalogue.get(model)
     if skill is None or skill.kind != "model":
         return error(404, "model_not_found", f"The model '{model}' does not exist; "
                      "GET /v1/models lists the models", "model")

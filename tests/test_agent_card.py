@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from decimal import Decimal
+from email.utils import formatdate, parsedate_to_datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +25,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
+from agent.catalogue import Catalogue
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from skills.registry import SkillRegistry
 from skills.resource_files import BUILTIN_DIR, load_resource_dirs
@@ -60,9 +63,14 @@ def _registry() -> SkillRegistry:
 
 
 def _gateway(registry: SkillRegistry | None = None) -> Any:
-    """Stand-in for agent.gateway.Gateway: the card reads only `.registry` and the networks."""
+    """What the assembly hands the card: the registry (read through a Catalogue) and the networks."""
     return SimpleNamespace(registry=registry or _registry(),
-                           processor=SimpleNamespace(networks=[BASE_SEPOLIA, SOLANA_DEVNET]))
+                           networks=[f"{n.label or n.v1_name} ({n.caip2})"
+                                     for n in (BASE_SEPOLIA, SOLANA_DEVNET)])
+
+
+def _inputs(gateway: Any) -> tuple[Catalogue, list[str]]:
+    return Catalogue(gateway.registry), gateway.networks
 
 
 @pytest.fixture
@@ -72,11 +80,11 @@ def gateway() -> Any:
 
 @pytest.fixture
 def card(gateway: Any) -> AgentCard:
-    return build_agent_card(gateway, base_url=BASE + "/", version="0.1.0")
+    return build_agent_card(*_inputs(gateway), base_url=BASE + "/", version="0.1.0")
 
 
 def _app(gateway: Any, **kwargs: Any) -> Starlette:
-    return Starlette(routes=routes(cached_card_factory(gateway, base_url=BASE, version="0.1.0",
+    return Starlette(routes=routes(cached_card_factory(*_inputs(gateway), base_url=BASE, version="0.1.0",
                                                        **kwargs)))
 
 
@@ -249,27 +257,27 @@ def test_help_entry_is_listed_once_and_free(card: AgentCard) -> None:
 def test_help_entry_present_even_without_a_registry_help_skill() -> None:
     registry = SkillRegistry()
     load_resource_dirs(registry, [BUILTIN_DIR])
-    card = build_agent_card(SimpleNamespace(registry=registry), base_url=BASE, version="1")
+    card = build_agent_card(Catalogue(registry), [], base_url=BASE, version="1")
     assert card.skills[0].id == "help" and len(card.skills) == len(registry) + 1
     assert "the networks each quote lists" in card.description
 
 
 def test_truncation_says_how_many_were_left_out_and_where(gateway: Any) -> None:
     sellable = len(gateway.registry) - 1  # all but help
-    card = build_agent_card(gateway, base_url=BASE, version="1", max_skills=3)
+    card = build_agent_card(*_inputs(gateway), base_url=BASE, version="1", max_skills=3)
     assert [s.id for s in card.skills][0] == "help" and len(card.skills) == 4
     assert f"lists 3 of the {sellable} skills; {sellable - 3} more are not listed" in card.description
     assert f"{BASE}/api/marketplace/apis" in card.description
-    exact = build_agent_card(gateway, base_url=BASE, version="1", max_skills=sellable)
+    exact = build_agent_card(*_inputs(gateway), base_url=BASE, version="1", max_skills=sellable)
     assert len(exact.skills) == sellable + 1 and "not listed" not in exact.description
-    none = build_agent_card(gateway, base_url=BASE, version="1", max_skills=0)
+    none = build_agent_card(*_inputs(gateway), base_url=BASE, version="1", max_skills=0)
     assert [s.id for s in none.skills] == ["help"] and f"{sellable} more" in none.description
     with pytest.raises(ValueError):
-        build_agent_card(gateway, base_url=BASE, version="1", max_skills=-1)
+        build_agent_card(*_inputs(gateway), base_url=BASE, version="1", max_skills=-1)
 
 
 def test_single_interface_when_legacy_interface_is_off(gateway: Any) -> None:
-    card = build_agent_card(gateway, base_url=BASE, version="1", legacy_interface=False)
+    card = build_agent_card(*_inputs(gateway), base_url=BASE, version="1", legacy_interface=False)
     assert [i.protocol_version for i in card.supported_interfaces] == ["1.0"]
     served = card_to_dict(card)
     jsonschema.validate(served, _card_schema())
@@ -286,7 +294,7 @@ async def test_sdk_resolver_and_client_factory_pick_the_1_0_interface(gateway: A
     transport = httpx.ASGITransport(app=_app(gateway))
     async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
         resolved = await A2ACardResolver(http, BASE).get_agent_card()
-        assert resolved == build_agent_card(gateway, base_url=BASE, version="0.1.0")
+        assert resolved == build_agent_card(*_inputs(gateway), base_url=BASE, version="0.1.0")
         client = ClientFactory(ClientConfig(httpx_client=http)).create(resolved)
         assert type(client._transport) is JsonRpcTransport
         assert client._transport.url == f"{BASE}/a2a"
@@ -344,6 +352,16 @@ def test_routes_serve_json_with_etag_cache_control_and_304(gateway: Any, path: s
             assert again.headers["cache-control"] == "public, max-age=60"
         stale = http.get(path, headers={"If-None-Match": '"not-it"'})
         assert stale.status_code == 200 and stale.content == first.content
+
+        modified = first.headers["last-modified"]
+        assert parsedate_to_datetime(modified).timestamp() <= time.time()
+        assert http.get(path, headers={"If-Modified-Since": modified}).status_code == 304
+        earlier = formatdate(parsedate_to_datetime(modified).timestamp() - 60, usegmt=True)
+        assert http.get(path, headers={"If-Modified-Since": earlier}).status_code == 200
+        assert http.get(path, headers={"If-Modified-Since": "not a date"}).status_code == 200
+        # If-None-Match wins over If-Modified-Since (RFC 9110 13.2.2)
+        both = http.get(path, headers={"If-None-Match": '"not-it"', "If-Modified-Since": modified})
+        assert both.status_code == 200
         assert http.head(path).headers["etag"] == etag
 
 
@@ -354,11 +372,11 @@ def test_the_two_paths_serve_the_two_versions(gateway: Any) -> None:
     assert current.json()["supportedInterfaces"][0]["protocolVersion"] == "1.0"
     assert legacy.json()["protocolVersion"] == "0.3.0"
     assert current.json() == json.loads(json.dumps(card_to_dict(
-        build_agent_card(gateway, base_url=BASE, version="0.1.0"))))
+        build_agent_card(*_inputs(gateway), base_url=BASE, version="0.1.0"))))
 
 
 def test_card_is_built_once_per_registry_state(gateway: Any) -> None:
-    factory = cached_card_factory(gateway, base_url=BASE, version="1")
+    factory = cached_card_factory(*_inputs(gateway), base_url=BASE, version="1")
     first = factory()
     assert factory() is first
     with TestClient(Starlette(routes=routes(factory))) as http:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from email.utils import formatdate, parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from a2a.compat.v0_3.conversions import to_compat_agent_card
@@ -31,8 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent.gateway import Gateway
-from payments.money import display_usd
+from agent.catalogue import Catalogue, fixed_price_text
 
 if TYPE_CHECKING:
     from skills.skill import Skill
@@ -64,10 +65,8 @@ EXTENSION_DESCRIPTION = (
 )
 
 
-def _networks_text(gateway: Gateway) -> str:
-    """`Base Sepolia (eip155:84532) and Solana devnet (solana:...)`, from the payment config."""
-    networks = getattr(getattr(gateway, "processor", None), "networks", None) or []
-    names = [f"{n.label or n.v1_name} ({n.caip2})" for n in networks]
+def _networks_text(names: Sequence[str]) -> str:
+    """`Base Sepolia (eip155:84532) and Solana devnet (solana:...)`."""
     if not names:
         return "the networks each quote lists"
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
@@ -75,12 +74,13 @@ def _networks_text(gateway: Gateway) -> str:
 
 def _price_text(skill: Skill) -> str:
     # Skill.price() prefers the pricer, so a pricer wins over any fixed price here too.
-    if skill.pricer is not None or skill.price_usd is None:
+    price = fixed_price_text(skill)
+    if price is None:
         return ("Price: priced per request (computed from the input; the x402 quote states the "
                 "exact USDC amount).")
-    if skill.price_usd == 0:
+    if price == "free":
         return "Free."
-    return f"Price: {display_usd(skill.price_usd)} per call (USDC via x402)."
+    return f"Price: {price} per call (USDC via x402)."
 
 
 def _tags(skill: Skill) -> list[str]:
@@ -123,14 +123,16 @@ def help_skill() -> AgentSkill:
 
 
 def build_agent_card(
-    gateway: Gateway,
+    catalogue: Catalogue,
+    networks: Sequence[str],
     *,
     base_url: str,
     version: str,
     max_skills: int = 200,
     legacy_interface: bool = True,
 ) -> AgentCard:
-    """The A2A 1.0 card for every skill in `gateway.registry` (help first, then registry order).
+    """The A2A 1.0 card for every skill in `catalogue` (help first, then registry order), paid on
+    `networks` (each named for people, e.g. "Base Sepolia (eip155:84532)").
 
     At most `max_skills` sellable skills are listed (the free help entry is extra); when some are
     left out the description says how many and where the complete, paged list is.
@@ -142,13 +144,13 @@ def build_agent_card(
         raise ValueError(f"max_skills must be >= 0, got {max_skills}")
     base_url = base_url.rstrip("/")
     rpc_url = f"{base_url}/a2a"
-    sellable = [s for s in gateway.registry.all() if s.id != HELP_SKILL]
+    sellable = [s for s in catalogue.all() if s.id != HELP_SKILL]
     listed = sellable[:max_skills]
     left_out = len(sellable) - len(listed)
 
     description = (
         f"paywire sells {len(sellable)} AI and data skills, each paid per call in USDC with x402 "
-        f"on {_networks_text(gateway)}. No account, no API key. {HOW_TO_CALL} To pay, either "
+        f"on {_networks_text(networks)}. No account, no API key. {HOW_TO_CALL} To pay, either "
         "answer the HTTP 402 from /a2a by retrying with a PAYMENT-SIGNATURE (or X-PAYMENT) header, "
         "or activate the a2a-x402 extension and pay in band when the task turns input-required."
     )
@@ -204,7 +206,8 @@ def legacy_card_to_dict(card: AgentCard) -> dict[str, Any]:
 
 
 def cached_card_factory(
-    gateway: Gateway,
+    catalogue: Catalogue,
+    networks: Sequence[str],
     *,
     base_url: str,
     version: str,
@@ -213,14 +216,14 @@ def cached_card_factory(
 ) -> Callable[[], AgentCard]:
     """A callable returning the card, rebuilt only when the registry changed.
 
-    The registry only ever grows (it has no removal), so its size identifies its state.
+    The catalogue only ever grows (it has no removal), so its size identifies its state.
     """
     cached: list[tuple[int, AgentCard]] = []
 
     def current() -> AgentCard:
-        size = len(gateway.registry)
+        size = len(catalogue)
         if not cached or cached[0][0] != size:
-            card = build_agent_card(gateway, base_url=base_url, version=version,
+            card = build_agent_card(catalogue, networks, base_url=base_url, version=version,
                                     max_skills=max_skills, legacy_interface=legacy_interface)
             cached[:] = [(size, card)]
         return cached[0][1]
@@ -229,18 +232,34 @@ def cached_card_factory(
 
 
 class _Document:
-    """A rendered JSON body with its strong ETag (a hash of the exact bytes served)."""
+    """A rendered JSON body with its strong ETag (a hash of the exact bytes served) and its
+    Last-Modified (when this content was first rendered, to the second)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
         self.etag = f'"{hashlib.sha256(self.body).hexdigest()}"'
+        self.modified = int(time.time())
+        self.last_modified = formatdate(self.modified, usegmt=True)
 
     def response(self, request: Request) -> Response:
-        headers = {"ETag": self.etag, "Cache-Control": CACHE_CONTROL,
-                   "Access-Control-Allow-Origin": "*"}
-        if _matches(request.headers.get("if-none-match"), self.etag):
+        headers = {"ETag": self.etag, "Last-Modified": self.last_modified,
+                   "Cache-Control": CACHE_CONTROL, "Access-Control-Allow-Origin": "*"}
+        if self._not_modified(request):
             return Response(status_code=304, headers=headers)
         return Response(self.body, media_type="application/json", headers=headers)
+
+    def _not_modified(self, request: Request) -> bool:
+        """RFC 9110 13.2.2: If-None-Match decides when present; else If-Modified-Since."""
+        if_none_match = request.headers.get("if-none-match")
+        if if_none_match is not None:
+            return _matches(if_none_match, self.etag)
+        since = request.headers.get("if-modified-since")
+        if not since:
+            return False
+        try:
+            return self.modified <= int(parsedate_to_datetime(since).timestamp())
+        except (TypeError, ValueError):
+            return False  # not a date: ignored, as the RFC says
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:

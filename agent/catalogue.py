@@ -1,0 +1,45 @@
+"""What the faces show of the skills for sale: the registry, read-only, and each price as text.
+
+Faces (the marketplace catalogue, /v1/models, the agent card, help) list skills; they get this
+narrow view instead of the gateway's registry, and never format money themselves."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from payments.money import display_usd
+from skills.registry import SkillRegistry
+from skills.skill import Skill
+
+
+class Catalogue:
+    """The skills for sale, in registry order. The registry only grows, so its size identifies
+    its state (faces cache what they render from it by that)."""
+
+    def __init__(self, registry: SkillRegistry) -> None:
+        self._registry = registry
+
+    def get(self, skill_id: str) -> Skill | None:
+        return self._registry.get(skill_id)
+
+    def all(self) -> list[Skill]:
+        return self._registry.all()
+
+    def of_kind(self, kind: str) -> list[Skill]:
+        return self._registry.of_kind(kind)
+
+    def __len__(self) -> int:
+        return len(self._registry)
+
+
+def usd_text(amount: Decimal) -> str:
+    """`$0.0115`: an amount as the operator wrote it, without float noise or trailing zeros."""
+    return display_usd(amount)
+
+
+def fixed_price_text(skill: Skill) -> str | None:
+    """`$0.0115` for a skill sold at one price, `free` at zero; None when each request is priced
+    from its input (models, priced resources): the x402 quote says the exact amount."""
+    if skill.pricer is not None or skill.price_usd is None:  # a pricer wins, as in Skill.price()
+        return None
+    return "free" if skill.price_usd == 0 else display_usd(skill.price_usd)
