@@ -49,7 +49,6 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 from starlette.requests import Request
 
-from payments.codec import encode_json_b64
 from payments.identity import wallet_owner
 from payments.processor import SettleGuard, settle_guard
 
@@ -67,7 +66,7 @@ from .a2a_messages import (
     message_metadata,
     parse_skill_call,
 )
-from .gateway import CallRequest, Delivered, Gateway, Outcome, PaymentDemanded, Refused
+from .gateway import CallRequest, Delivered, Gateway, Outcome, Payment, PaymentDemanded, Refused
 
 
 @dataclass
@@ -75,7 +74,7 @@ class HttpPaymentScope:
     """Per-HTTP-request slot: the payment header the HTTP layer read (kept out of the SDK's call
     context, which its debug logs print), and what the executor leaves for the HTTP answer."""
 
-    payment: tuple[str, str] | None = None
+    payment: Payment | None = None
     receipt: Any = None
     demanded: PaymentDemanded | None = None
     outcomes: list[Outcome] = field(default_factory=list)
@@ -282,11 +281,10 @@ class PaywireExecutor(AgentExecutor):
                 {STATUS_KEY: "payment-failed", ERROR_KEY: "invalid_payload",
                  RECEIPTS_KEY: []}))
             return
-        header = "PAYMENT-SIGNATURE" if payload.get("x402Version") == 2 else "X-PAYMENT"
         await updater.start_work()
         outcome = await self.gateway.call(CallRequest(
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
-            payment=(header, encode_json_b64(payload)), stream=True,
+            payment=Payment.from_object(payload, PAYLOAD_KEY), stream=True,
             operation=request.get("operation")))
         await self._finish(updater, outcome, paid_attempt=True)
 

@@ -26,7 +26,6 @@ from urllib.parse import urlsplit
 
 from starlette.requests import cookie_parser
 
-from payments.codec import read_payment_header
 from payments.identity import (
     SIWX_HEADER,
     TASK_TOKEN_HEADER,
@@ -53,7 +52,7 @@ from .a2a_messages import (
     parse_skill_call_json,
 )
 from .gateway import CallRequest, Gateway, PaymentDemanded
-from .http_io import InvalidJson, parse_json, receipt_headers, render
+from .http_io import InvalidJson, parse_json, payment_from, receipt_headers, render
 
 V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
               "SubscribeToTask", "GetExtendedAgentCard", "CreateTaskPushNotificationConfig",
@@ -136,7 +135,7 @@ class A2AHttpLayer:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        pay_scope = HttpPaymentScope(payment=read_payment_header(headers))
+        pay_scope = HttpPaymentScope(payment=payment_from(headers))
         token = http_payment_scope.set(pay_scope)
         try:
             await self.app(scope, replay, _PaymentAwareSend(

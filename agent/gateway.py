@@ -17,14 +17,27 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from x402.schemas import PaymentRequired, PaymentRequiredV1, ResourceInfo, SettleResponse
+from x402.schemas import (
+    PaymentPayload,
+    PaymentPayloadV1,
+    PaymentRequired,
+    PaymentRequiredV1,
+    ResourceInfo,
+    SettleResponse,
+)
 
-from payments.codec import PaymentHeaderError, decode_payment_header
+from payments.codec import PaymentHeaderError, decode_payment_header, decode_payment_object
 from payments.ledger import AlreadyUsed, ClaimRequest, Ledger
 from payments.money import usd_to_atomic
 from payments.payload_shape import INVALID_PAYLOAD, payload_problem
 from payments.processor import Matched, PaymentProcessor, payment_key
-from skills.errors import SkillInputError, SkillUnavailableError, UpstreamAnswer, UpstreamError
+from skills.errors import (
+    SkillError,
+    SkillInputError,
+    SkillUnavailableError,
+    UpstreamAnswer,
+    UpstreamError,
+)
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
 
@@ -34,12 +47,36 @@ from .timing import Timings
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Payment:
+    """The payment that came with a call, decoded once where it entered (a header by the HTTP
+    edge, an in-band object by the A2A face): the SDK's payload model, or why it is not one."""
+
+    payload: PaymentPayload | PaymentPayloadV1 | None
+    problem: str | None = None  # the refusal's message; `where` names the header or field
+    where: str | None = None
+
+    @staticmethod
+    def from_header(name: str, value: str) -> Payment:
+        try:
+            return Payment(decode_payment_header(value, name))
+        except PaymentHeaderError as exc:
+            return Payment(None, exc.message, exc.header)
+
+    @staticmethod
+    def from_object(data: Any, where: str) -> Payment:
+        try:
+            return Payment(decode_payment_object(data, where))
+        except PaymentHeaderError as exc:
+            return Payment(None, exc.message, exc.header)
+
+
 @dataclass
 class CallRequest:
     skill_id: str
     payload: dict[str, Any] | None
     resource_url: str
-    payment: tuple[str, str] | None = None  # (header name, header value)
+    payment: Payment | None = None
     stream: bool = False  # the caller takes chunks as they come, when the skill streams
     operation: str | None = None  # a model's endpoint (chat.completions...); None: the default
 
@@ -119,12 +156,8 @@ class Gateway:
                 if not probe:
                     skill.validate(payload, req.operation)
                 atomic = usd_to_atomic(Decimal(op.pricer(payload)))
-            except SkillInputError as exc:
-                return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
-            except UpstreamError as exc:  # e.g. no provider configured: refused before a quote
-                return Refused(t, exc.status, "skill_unavailable", exc.message)
-            except SkillUnavailableError as exc:  # e.g. a resource's upstream key is not set
-                return Refused(t, 503, "skill_unavailable", str(exc))
+            except SkillError as exc:  # bad input, or the skill cannot run here: before any quote
+                return _refusal(t, exc, before_quote=True)
         if atomic == 0:
             return await self._run_free(t, skill, op, req, payload, validated=not probe)
         resource = self.resource_info(skill, req.resource_url)
@@ -142,11 +175,10 @@ class Gateway:
 
         if req.payment is None:
             return demand()
-        header, value = req.payment
-        try:
-            payload_model = decode_payment_header(value, header)
-        except PaymentHeaderError as exc:
-            return Refused(t, 400, "invalid_payment_header", exc.message, param=exc.header)
+        payload_model = req.payment.payload
+        if payload_model is None:
+            return Refused(t, 400, "invalid_payment_header", req.payment.problem or "invalid payment",
+                           param=req.payment.where)
         matched = self.processor.match(payload_model, requirements, resource)
         if matched is None:
             return demand(*_mismatch(payload_model, requirements))
@@ -225,20 +257,12 @@ class Gateway:
 
     async def _run_failed(self, t: Timings, skill: Skill, row_id: str, exc: Exception) -> Outcome:
         """The skill did not deliver: release the claim (nothing is charged) and say why."""
-        if isinstance(exc, SkillInputError):
-            await self.ledger.release(row_id, f"invalid input: {exc.message}")
-            return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
-        if isinstance(exc, SkillUnavailableError):
-            await self.ledger.release(row_id, str(exc))
-            return Refused(t, 503, "skill_unavailable", str(exc))
-        if isinstance(exc, UpstreamAnswer):
-            await self.ledger.release(row_id, exc.message)
-            return Refused(t, exc.status, "upstream_answer", f"{exc.message}; nothing was charged",
-                           raw=(exc.body, exc.media_type))
-        if isinstance(exc, UpstreamError):
-            await self.ledger.release(row_id, exc.message, usage=exc.usage,
-                                      upstream_cost_usd=exc.upstream_cost_usd)
-            return Refused(t, exc.status, "upstream_error", f"{exc.message}; nothing was charged")
+        if isinstance(exc, SkillError):
+            refused = _refusal(t, exc)
+            usage = exc.usage if isinstance(exc, UpstreamError) else None
+            cost = exc.upstream_cost_usd if isinstance(exc, UpstreamError) else None
+            await self.ledger.release(row_id, refused.message, usage=usage, upstream_cost_usd=cost)
+            return refused
         log.error("skill %s failed", skill.id, exc_info=exc)
         await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")
         return Refused(t, 500, "skill_failed",
@@ -323,12 +347,8 @@ class Gateway:
                     return Delivered(t, SkillResult(body=None),
                                      stream=_without_usage(op.streamer(payload)))
                 return Delivered(t, await op.run(payload))
-            except SkillInputError as exc:
-                return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
-            except SkillUnavailableError as exc:
-                return Refused(t, 503, "skill_unavailable", str(exc))
-            except UpstreamError as exc:
-                return Refused(t, exc.status, "upstream_error", exc.message)
+            except SkillError as exc:
+                return _refusal(t, exc, before_quote=True)
 
 
 _END = object()
@@ -376,6 +396,23 @@ async def _next(chunks: AsyncIterator[Any]) -> Any:
         return await chunks.__anext__()
     except StopAsyncIteration:
         return _END
+
+
+def _refusal(t: Timings, exc: SkillError, *, before_quote: bool = False) -> Refused:
+    """The one place a skill's error becomes the caller's answer (status, code, message).
+    `before_quote`: nothing was claimed, so there is nothing to say about charges."""
+    charged = "" if before_quote else "; nothing was charged"
+    if isinstance(exc, SkillInputError):
+        return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
+    if isinstance(exc, SkillUnavailableError):
+        return Refused(t, 503, "skill_unavailable", str(exc))
+    if isinstance(exc, UpstreamAnswer):  # a forwarded upstream's own answer, passed on as it is
+        return Refused(t, exc.status, "upstream_answer", f"{exc.message}{charged}",
+                       raw=(exc.body, exc.media_type))
+    if isinstance(exc, UpstreamError):
+        code = "skill_unavailable" if exc.status == 503 else "upstream_error"
+        return Refused(t, exc.status, code, f"{exc.message}{charged}")
+    return Refused(t, 500, "skill_failed", f"{type(exc).__name__}{charged}")
 
 
 def _mismatch(payload: Any, requirements: list[Any]) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -17,7 +18,7 @@ from payments.codec import (
 )
 from skills import wire_json
 
-from .gateway import Delivered, Outcome, PaymentDemanded, Refused
+from .gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 
 
 class BodyTooLarge(Exception):
@@ -74,14 +75,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def payment_from(request: Request) -> tuple[str, str] | None:
-    """`payments.codec.read_payment_header`'s rule, read straight from Starlette's
-    case-insensitive headers (copying them into a dict first cost twice as much)."""
-    headers = request.headers
+def payment_from(headers: Mapping[str, str]) -> Payment | None:
+    """The payment a request carries in `PAYMENT-SIGNATURE` or `X-PAYMENT` (the first one set),
+    decoded once here. `headers` must look names up case-insensitively (Starlette's do; a
+    plain dict must hold lower-case names)."""
     for name in PAYMENT_HEADERS:
-        value = headers.get(name)
+        value = headers.get(name) or headers.get(name.lower())
         if value is not None and value.strip():
-            return name, value.strip()
+            return Payment.from_header(name, value.strip())
     return None
 
 

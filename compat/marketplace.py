@@ -103,7 +103,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             skill_id=resource_id,
             payload=payload,
             resource_url=f"{base_url}/v1/marketplace/api/{resource_id}",
-            payment=payment_from(request),
+            payment=payment_from(request.headers),
         ))
         return render(outcome, error_wrapper=_FAILED)
 

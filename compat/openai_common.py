@@ -172,7 +172,7 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
             return skill
         outcome = await gateway.call(CallRequest(
             skill_id=skill.id, payload=body, resource_url=f"{base_url}{path}",
-            payment=payment_from(request), stream=body.get("stream") is True, operation=operation))
+            payment=payment_from(request.headers), stream=body.get("stream") is True, operation=operation))
         return respond(outcome)
 
     return Route(path, handle, methods=["POST"])

@@ -71,6 +71,15 @@ def decode_payment_header(
         raise PaymentHeaderError(f"{header} does not decode to JSON", header) from None
     if not isinstance(data, dict):
         raise PaymentHeaderError(f"{header} must decode to a JSON object", header)
+    return decode_payment_object(data, header)
+
+
+def decode_payment_object(data: Any, where: str) -> PaymentPayload | PaymentPayloadV1:
+    """A payment already parsed from JSON (a header's content, or an A2A in-band payload) as the
+    SDK's v1 or v2 payload model; PaymentHeaderError naming `where` otherwise."""
+    header = where
+    if not isinstance(data, dict):
+        raise PaymentHeaderError(f"{where} must be a JSON object (an x402 PaymentPayload)", where)
     version = data.get("x402Version")
     model: type[PaymentPayload] | type[PaymentPayloadV1]
     if version == 1:
