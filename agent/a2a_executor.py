@@ -49,9 +49,6 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 from starlette.requests import Request
 
-from payments.identity import wallet_owner
-from payments.processor import SettleGuard, settle_guard
-
 from .a2a_messages import (
     ERROR_KEY,
     PAYER_KEY,
@@ -66,7 +63,18 @@ from .a2a_messages import (
     message_metadata,
     parse_skill_call,
 )
-from .gateway import CallRequest, Delivered, Gateway, Outcome, Payment, PaymentDemanded, Refused
+from .gateway import (
+    CallRequest,
+    Delivered,
+    Gateway,
+    Outcome,
+    Payment,
+    PaymentDemanded,
+    Refused,
+    SettleGuard,
+    settle_guard,
+)
+from .identity import wallet_owner
 
 
 @dataclass

@@ -26,17 +26,6 @@ from urllib.parse import urlsplit
 
 from starlette.requests import cookie_parser
 
-from payments.identity import (
-    SIWX_HEADER,
-    TASK_TOKEN_HEADER,
-    TASK_TOKEN_PATTERN,
-    IdentityError,
-    new_task_token,
-    token_owner,
-    verify_wallet_header,
-)
-from skills import wire_json
-
 from .a2a_executor import (
     NOBODY,
     OWNER_STATE,
@@ -52,7 +41,16 @@ from .a2a_messages import (
     parse_skill_call_json,
 )
 from .gateway import CallRequest, Gateway, PaymentDemanded
-from .http_io import InvalidJson, parse_json, payment_from, receipt_headers, render
+from .http_io import InvalidJson, json_bytes, parse_json, payment_from, receipt_headers, render
+from .identity import (
+    SIWX_HEADER,
+    TASK_TOKEN_HEADER,
+    TASK_TOKEN_PATTERN,
+    IdentityError,
+    new_task_token,
+    token_owner,
+    verify_wallet_header,
+)
 
 V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
               "SubscribeToTask", "GetExtendedAgentCard", "CreateTaskPushNotificationConfig",
@@ -109,7 +107,7 @@ class A2AHttpLayer:
                 rpc, dict) else None, "error": {"code": -32600, "message": str(exc)}})
             return
         if stripped:  # the token came in the message's metadata: not stored with the message
-            body = wire_json.dumps(rpc)
+            body = json_bytes(rpc)
         if method in V1_METHODS and "a2a-version" not in headers:
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
         if method in SEND_METHODS:
@@ -297,7 +295,7 @@ def _with_token(raw: bytes, token: str) -> bytes:
         return raw
     meta = task.get("metadata")
     task["metadata"] = {**(meta if isinstance(meta, dict) else {}), TOKEN_KEY: token}
-    return wire_json.dumps(answer)
+    return json_bytes(answer)
 
 
 def _event_with_token(chunk: bytes, token: str) -> bytes:

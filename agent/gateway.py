@@ -9,6 +9,7 @@ format into `CallRequest` and an `Outcome` back; no price, payment or retry rule
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import logging
@@ -289,7 +290,7 @@ class Gateway:
                     else:
                         yield chunk
                         sent += 1
-                    chunk = await _next(chunks)
+                    chunk = await _next_or_failure(chunks)
                 complete = True
             finally:
                 usage = {**(reported.usage or {}), "chunks": sent,
@@ -308,6 +309,11 @@ class Gateway:
                                   result: SkillResult, atomic: int, demand: Any,
                                   record: bool = True) -> Outcome:
         with t.stage("settle"):
+            guard = settle_guard.get()
+            if guard is not None and not guard.begin():  # the face stopped the call: nothing moves
+                await self.ledger.release(row_id, "cancelled before settlement")
+                return Refused(t, 503, "cancelled_before_settlement",
+                               "the call was cancelled before its payment settled; nothing was charged")
             try:
                 receipt = await self.processor.settle(matched)
             except Exception as exc:
@@ -351,6 +357,37 @@ class Gateway:
                 return _refusal(t, exc, before_quote=True)
 
 
+class SettleGuard:
+    """Tells a face whether its call's settlement has begun, and lets it stop settlement from
+    beginning. A face that may be cancelled sets one in `settle_guard` around the call (tasks the
+    pipeline starts inherit it); `Gateway` calls `begin()` right before anything moves.
+    Both methods are synchronous, so on one event loop nothing happens between asking and acting:
+    either the face's `stop()` wins (settlement never begins, nothing is charged) or `begin()`
+    does (the face lets the call run to its end)."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self) -> None:
+        self._state = "open"
+
+    def begin(self) -> bool:
+        if self._state == "stopped":
+            return False
+        self._state = "settling"
+        return True
+
+    def stop(self) -> bool:
+        """True if settlement had not begun (and now never will); False once it has."""
+        if self._state == "settling":
+            return False
+        self._state = "stopped"
+        return True
+
+
+settle_guard: contextvars.ContextVar[SettleGuard | None] = contextvars.ContextVar(
+    "paywire_settle_guard", default=None)
+
+
 _END = object()
 _DETACHED: set[asyncio.Task[Any]] = set()
 
@@ -386,9 +423,27 @@ def _detach(coro: Any) -> None:
 
 async def _without_usage(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """A free call's stream: nothing to record, so the StreamUsage item is dropped."""
-    async for chunk in chunks:
+    while (chunk := await _next_or_failure(chunks)) is not _END:
         if not isinstance(chunk, StreamUsage):
             yield chunk
+
+
+class StreamFailed(Exception):
+    """A delivered stream broke part way (the skill's upstream failed after the first chunk):
+    what the face tells its caller in the stream's last event, decided here like any refusal."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+async def _next_or_failure(chunks: AsyncIterator[Any]) -> Any:
+    """The next chunk; a skill's error raised as StreamFailed (faces know no skill errors)."""
+    try:
+        return await _next(chunks)
+    except SkillError as exc:
+        refused = _refusal(Timings(), exc, before_quote=True)
+        raise StreamFailed(refused.status, refused.code, refused.message) from exc
 
 
 async def _next(chunks: AsyncIterator[Any]) -> Any:

@@ -20,6 +20,8 @@ from skills import wire_json
 
 from .gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 
+json_bytes = wire_json.dumps  # JSON as faces send it: compact UTF-8, one codec for every face
+
 
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:

@@ -10,19 +10,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agent.gateway import CallRequest, Delivered, Gateway, Outcome
+from agent.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
 from agent.http_io import (
     BodyTooLarge,
     InvalidJson,
     error_body,
+    json_bytes,
     payment_from,
     read_json,
     receipt_headers,
     render,
     timing_headers,
 )
-from skills import wire_json
-from skills.errors import UpstreamError
 
 NO_RETRY = {"x-should-retry": "false"}
 
@@ -133,10 +132,10 @@ def model_skill(gateway: Gateway, body: dict[str, Any], operation: str) -> Any:
 async def sse(chunks: Any) -> AsyncIterator[bytes]:
     try:
         async for chunk in chunks:
-            yield b"data: " + wire_json.dumps(chunk) + b"\n\n"
-    except UpstreamError as exc:
-        error = error_body(exc.status, "upstream_error", exc.message, None)
-        yield b"data: " + wire_json.dumps(error) + b"\n\n"
+            yield b"data: " + json_bytes(chunk) + b"\n\n"
+    except StreamFailed as exc:
+        error = error_body(exc.status, exc.code, exc.message, None)
+        yield b"data: " + json_bytes(error) + b"\n\n"
         return
     finally:
         # A client that went away cancels this generator: close the chain down to the upstream

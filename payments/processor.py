@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextvars
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -85,35 +84,6 @@ class ThreadedFacilitator:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class SettleGuard:
-    """Tells a face whether its call's settlement has begun, and lets it stop settlement from
-    beginning. A face that may be cancelled sets one in `settle_guard` around the call (tasks the
-    pipeline starts inherit it); `PaymentProcessor.settle` calls `begin()` before anything moves.
-    Both methods are synchronous, so on one event loop nothing happens between asking and acting:
-    either the face's `stop()` wins (settlement never begins, nothing is charged) or `begin()`
-    does (the face lets the call run to its end)."""
-
-    __slots__ = ("_state",)
-
-    def __init__(self) -> None:
-        self._state = "open"
-
-    def begin(self) -> bool:
-        if self._state == "stopped":
-            return False
-        self._state = "settling"
-        return True
-
-    def stop(self) -> bool:
-        """True if settlement had not begun (and now never will); False once it has."""
-        if self._state == "settling":
-            return False
-        self._state = "stopped"
-        return True
-
-
-settle_guard: contextvars.ContextVar[SettleGuard | None] = contextvars.ContextVar(
-    "paywire_settle_guard", default=None)
 
 
 @dataclass(frozen=True)
@@ -237,12 +207,6 @@ class PaymentProcessor:
         return result.verify
 
     async def settle(self, matched: Matched) -> SettleResponse:
-        guard = settle_guard.get()
-        if guard is not None and not guard.begin():
-            return SettleResponse(
-                success=False, error_reason="cancelled_before_settlement",
-                error_message="the call was cancelled before its payment settled; nothing was charged",
-                transaction="", network=matched.requirement.network)
         return await self._server.settle_payment(matched.payload, matched.for_facilitator)
 
 
