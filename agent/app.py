@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from payments.facilitators import in_process_facilitator, remote_facilitator, rp
 from payments.ledger import Ledger
 from payments.processor import PaymentProcessor, PayTo
 from skills.help import make_help_skill
-from skills.models.catalog import load_catalog
+from skills.models.catalog import Catalog, CatalogError, load_catalog
 from skills.models.model_skills import build_model_skills
+from skills.models.spec import ProviderAccess
 from skills.models.upstream import UpstreamClient
 from skills.registry import SkillRegistry
 from skills.resource_context import ResourceContext
@@ -36,7 +37,7 @@ from wellknown import agent_card
 from . import hygiene
 from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
-from .http_io import edge_error
+from .http_io import HttpProblem, edge_error
 from .settings import ConfigError, Settings
 
 log = logging.getLogger("paywire")
@@ -94,6 +95,12 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return response
 
 
+async def _http_problem(request: Request, exc: Exception) -> Response:
+    """A face refused the request: answered in that face's shape."""
+    assert isinstance(exc, HttpProblem)
+    return edge_error(request.url.path, exc.status, exc.code, exc.message, exc.param, exc.rpc_code)
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     """A bug: the caller gets the face's error shape, never plain text (the server still logs
     the traceback: it is ours to fix). Nothing is charged: a paid call settles only after its
@@ -132,15 +139,30 @@ def build_registry(settings: Settings, upstreams: UpstreamClient,
     context.find_skill = registry.get
     load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs], context)
     load_entry_points(registry, context)
-    catalog = load_catalog(settings.models_file, margin=settings.model_margin)
+    try:
+        catalog = load_catalog(settings.models_file, margin=settings.model_margin)
+    except CatalogError as exc:  # every problem of the file, in one message
+        raise ConfigError(str(exc)) from None
     for warning in catalog.warnings:
         log.warning("model table: %s", warning)
     unknown = settings.free_models - set(catalog.models)
     if unknown:
         raise ConfigError(f"PAYWIRE_FREE_MODELS names models not in the table: {sorted(unknown)}")
-    for skill in build_model_skills(catalog, upstreams, settings.environ, free=settings.free_models):
+    for skill in build_model_skills(catalog, upstreams, provider_access(catalog, settings.environ),
+                                    free=settings.free_models):
         registry.add(skill)
     return registry
+
+
+def provider_access(catalog: Catalog, environ: Mapping[str, str]) -> dict[str, ProviderAccess]:
+    """Each model provider's key and base URL, read from the variables the model table names for it
+    (e.g. OPENAI_API_KEY, OPENAI_BASE_URL; LOCAL_LLM_BASE_URL); blank counts as unset."""
+    def read(name: str | None) -> str | None:
+        value = (environ.get(name) or "").strip() if name else ""
+        return value or None
+
+    return {name: ProviderAccess(api_key=read(variables.api_key), base_url=read(variables.base_url))
+            for name, variables in catalog.provider_variables().items()}
 
 
 def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
@@ -202,10 +224,14 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
     if settings.devnet and devnet is None:
-        from payments.devnet import Devnet
+        from payments.devnet import Devnet, DevnetNotInstalled, check_installed
         from payments.devnet.keys import load_or_create_keys
 
-        devnet = Devnet(load_or_create_keys(settings.data_dir))
+        try:
+            check_installed()  # the devnet is the optional extra paywire[devnet]
+            devnet = Devnet(load_or_create_keys(settings.data_dir))
+        except DevnetNotInstalled as exc:
+            raise ConfigError(str(exc)) from None
     engine = make_engine(settings.db_url)
     ledger = Ledger(engine)
     upstreams = UpstreamClient()
@@ -245,7 +271,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
 
         route_list += devnet_routes(devnet, settings.base_url)
     app = Starlette(routes=route_list, lifespan=lifespan, exception_handlers={
-        HTTPException: _http_exception, Exception: _server_error}, middleware=[
+        HTTPException: _http_exception, HttpProblem: _http_problem, Exception: _server_error}, middleware=[
         Middleware(ServerTimingTotal),
         Middleware(A2AHttpLayer, gateway=gateway, paths={"/a2a", "/a2a/"},
                    rpc_url=f"{settings.base_url}/a2a", max_body_bytes=settings.max_body_bytes),

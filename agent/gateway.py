@@ -86,6 +86,14 @@ class CallRequest:
 class Outcome:
     timings: Timings
 
+    @property
+    def retry_safe(self) -> bool:
+        """May a client retry this answer on its own (OpenAI's clients retry 5xx, 408, 409, 429)?
+        Not a delivered stream (it settled before its first byte), not a 402 (an x402 client pays
+        on its own, a blind retry could pay again), not the gateway's own 5xx (a paid call's
+        outcome the client cannot see)."""
+        return True
+
 
 @dataclass
 class Delivered(Outcome):
@@ -96,6 +104,10 @@ class Delivered(Outcome):
     receipt: SettleResponse | None = None
     price_atomic: int = 0
     stream: AsyncIterator[Any] | None = None
+
+    @property
+    def retry_safe(self) -> bool:
+        return self.stream is None
 
 
 @dataclass
@@ -109,6 +121,10 @@ class PaymentDemanded(Outcome):
     message: str | None = None
     receipt: SettleResponse | None = None
 
+    @property
+    def retry_safe(self) -> bool:
+        return False
+
 
 @dataclass
 class Refused(Outcome):
@@ -121,10 +137,18 @@ class Refused(Outcome):
     raw: tuple[bytes, str] | None = None  # an upstream's own answer (body, type), passed on as is
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def retry_safe(self) -> bool:
+        return self.status < 500
+
 
 def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
     canonical = json.dumps({"skill": skill_id, "payload": payload or {}}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# The model a request that names none is quoted and run on, as OpenAI's API does.
+DEFAULT_MODELS = {"images.generations": "dall-e-2", "images.edits": "dall-e-2"}
 
 
 class Gateway:
@@ -135,6 +159,11 @@ class Gateway:
         self.catalogue = Catalogue(registry)  # what faces may read of the registry
         self.processor = processor
         self.ledger = ledger
+
+    @staticmethod
+    def default_model(operation: str) -> str | None:
+        """The model an `operation` request that names none is served by (None: it must name one)."""
+        return DEFAULT_MODELS.get(operation)
 
     def resource_info(self, skill: Skill, url: str) -> ResourceInfo:
         return ResourceInfo(url=url, description=skill.description, mime_type="application/json")

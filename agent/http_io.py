@@ -23,6 +23,18 @@ from .gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 json_bytes = wire_json.dumps  # JSON as faces send it: compact UTF-8, one codec for every face
 
 
+class HttpProblem(Exception):
+    """A request a face refuses before the pipeline sees it (an unreadable body, an unknown
+    model, a bad query parameter). Raised anywhere in a face; the app's one handler answers it
+    in the face's shape (`edge_error`)."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None,
+                 rpc_code: int = -32600) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+        self.rpc_code = rpc_code  # the JSON-RPC error code, on the JSON-RPC faces
+
+
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than {limit} bytes")
@@ -51,6 +63,23 @@ def parse_json(raw: bytes) -> Any:
 
 def _short(exc: Exception) -> str:
     return str(exc)[:200]
+
+
+async def read_json_object(request: Request, limit: int, *, param: str | None = None
+                           ) -> dict[str, Any]:
+    """The body as a JSON object (an empty body is `{}`), or HttpProblem: 413 past `limit`
+    bytes, 400 for malformed JSON, a structural limit or another JSON type."""
+    try:
+        body = await read_json(request, limit, empty={})
+    except BodyTooLarge as exc:
+        raise HttpProblem(413, "body_too_large", f"{exc}; send at most {exc.limit} bytes", param,
+                          -32600) from None
+    except InvalidJson as exc:
+        raise HttpProblem(400, exc.code, exc.message, param, -32700) from None
+    if not isinstance(body, dict):
+        raise HttpProblem(400, "invalid_body",
+                          f"the body must be a JSON object, got {type(body).__name__}", param)
+    return body
 
 
 async def read_json(request: Request, limit: int, *, empty: Any = None) -> Any:
@@ -98,15 +127,21 @@ def error_body(status: int, code: str, message: str, param: str | None) -> dict[
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def edge_error(path: str, status: int, code: str, message: str) -> Response:
-    """An error the gateway answers outside any route's handler (no route, wrong method, a bug),
-    in the shape of the face the path belongs to: JSON-RPC on /a2a, the marketplace's
-    `success: false` on its routes, OpenAI's everywhere else."""
-    if path.rstrip("/") == "/a2a":
-        rpc_code = -32603 if status >= 500 else -32600
+JSON_RPC_PATHS = frozenset({"/a2a", "/devnet/evm", "/devnet/solana"})
+
+
+def edge_error(path: str, status: int, code: str, message: str, param: str | None = None,
+               rpc_code: int | None = None) -> Response:
+    """Every error a face answers itself (a refused request, no route, wrong method, a bug), in
+    the shape of the face the path belongs to: JSON-RPC on the JSON-RPC endpoints, the
+    marketplace's `success: false` on its routes, OpenAI's everywhere else. The one error
+    shaper: pipeline refusals go through `render`, which uses the same `error_body`."""
+    if path.rstrip("/") in JSON_RPC_PATHS:
+        if rpc_code is None:
+            rpc_code = -32603 if status >= 500 else -32600
         return JSONResponse({"jsonrpc": "2.0", "id": None,
                              "error": {"code": rpc_code, "message": message}}, status)
-    body = error_body(status, code, message, None)
+    body = error_body(status, code, message, param)
     if path.startswith(("/api/marketplace", "/v1/marketplace")):
         body = {"success": False} | body
     return JSONResponse(body, status)

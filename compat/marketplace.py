@@ -10,27 +10,25 @@ from starlette.routing import Route
 
 from agent.catalogue import usd_text
 from agent.gateway import CallRequest, Gateway
-from agent.http_io import BodyTooLarge, InvalidJson, error_body, payment_from, read_json, render
+from agent.http_io import HttpProblem, payment_from, read_json_object, render
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
 _FAILED = {"success": False}
 
 
-def _bad(param: str, message: str, status: int = 400, code: str = "invalid_parameter") -> Response:
-    return JSONResponse(_FAILED | error_body(status, code, message, param), status)
-
-
-def _int_param(request: Request, name: str, default: int) -> int | Response:
+def _int_param(request: Request, name: str, default: int) -> int:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = int(raw)
     except ValueError:
-        return _bad(name, f"query parameter '{name}' must be a whole number >= 1, got {raw!r}")
+        raise HttpProblem(400, "invalid_parameter", f"query parameter '{name}' must be a whole "
+                          f"number >= 1, got {raw[:40]!r}", name) from None
     if value < 1:
-        return _bad(name, f"query parameter '{name}' must be >= 1, got {value}")
+        raise HttpProblem(400, "invalid_parameter", f"query parameter '{name}' must be >= 1, "
+                          f"got {value}", name)
     return value
 
 
@@ -51,12 +49,7 @@ def catalogue_item(skill: Any) -> dict[str, Any]:
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
     async def catalogue(request: Request) -> Response:
         page = _int_param(request, "page", 1)
-        if isinstance(page, Response):
-            return page
-        page_size = _int_param(request, "page_size", DEFAULT_PAGE_SIZE)
-        if isinstance(page_size, Response):
-            return page_size
-        page_size = min(page_size, MAX_PAGE_SIZE)
+        page_size = min(_int_param(request, "page_size", DEFAULT_PAGE_SIZE), MAX_PAGE_SIZE)
         category = (request.query_params.get("category") or "").strip().lower()
         keyword = (
             request.query_params.get("keyword") or request.query_params.get("q") or ""
@@ -88,17 +81,9 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
     async def invoke(request: Request) -> Response:
         resource_id = request.path_params["resource_id"]
         if gateway.catalogue.get(resource_id) is None:
-            return _bad("resource_id", f"no resource named '{resource_id}'; GET "
-                        "/api/marketplace/apis lists them", 404, "unknown_resource")
-        try:
-            payload = await read_json(request, max_body_bytes, empty={})
-        except BodyTooLarge as exc:
-            return _bad("body", f"{exc}; send at most {exc.limit} bytes", 413, "body_too_large")
-        except InvalidJson as exc:
-            return _bad("body", f"{exc.message}; send a JSON object", code=exc.code)
-        if not isinstance(payload, dict):
-            return _bad("body", f"body must be a JSON object, got {type(payload).__name__}",
-                        code="invalid_body")
+            raise HttpProblem(404, "unknown_resource", f"no resource named '{resource_id}'; GET "
+                              "/api/marketplace/apis lists them", "resource_id")
+        payload = await read_json_object(request, max_body_bytes, param="body")
         outcome = await gateway.call(CallRequest(
             skill_id=resource_id,
             payload=payload,

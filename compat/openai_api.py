@@ -36,7 +36,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
 
     async def retrieve_model(request: Request) -> Response:
         skill = find_model(gateway, request.path_params["model"])
-        return skill if isinstance(skill, Response) else JSONResponse(_model_object(skill))
+        return JSONResponse(_model_object(skill))
 
     return [
         json_model_route(gateway, "/v1/chat/completions", "chat.completions", max_body_bytes,

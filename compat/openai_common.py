@@ -7,17 +7,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from agent.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
 from agent.http_io import (
-    BodyTooLarge,
-    InvalidJson,
+    HttpProblem,
     error_body,
     json_bytes,
     payment_from,
-    read_json,
+    read_json_object,
     receipt_headers,
     render,
     timing_headers,
@@ -89,43 +88,27 @@ class _ClientWatch:
             watcher.cancel()
 
 
-def error(status: int, code: str, message: str, param: str | None, **headers: str) -> Response:
-    return JSONResponse(error_body(status, code, message, param), status, headers or None)
-
-
-async def json_body(request: Request, limit: int) -> dict[str, Any] | Response:
-    try:
-        body = await read_json(request, limit, empty={})
-    except BodyTooLarge as exc:
-        return error(413, "body_too_large", f"{exc}; send at most {exc.limit} bytes", None)
-    except InvalidJson as exc:
-        return error(400, exc.code, exc.message, None)
-    if not isinstance(body, dict):
-        return error(400, "invalid_body", "the body must be a JSON object", None)
-    return body
-
-
 def find_model(gateway: Gateway, model: str) -> Any:
-    """The model skill named `model`, or OpenAI's 404 `model_not_found` response."""
+    """The model skill named `model`; HttpProblem 404 `model_not_found` if there is none."""
     skill = gateway.catalogue.get(model)
     if skill is None or skill.kind != "model":
-        return error(404, "model_not_found", f"The model '{model}' does not exist; "
-                     "GET /v1/models lists the models", "model")
+        raise HttpProblem(404, "model_not_found", f"The model '{model}' does not exist; "
+                          "GET /v1/models lists the models", "model")
     return skill
 
 
 def model_skill(gateway: Gateway, body: dict[str, Any], operation: str) -> Any:
-    """The model skill a body names, or the OpenAI-shaped error response (400/404)."""
+    """The model skill a body names (HttpProblem 400/404 otherwise)."""
+    if "model" not in body and (default := gateway.default_model(operation)) is not None:
+        body["model"] = default  # the pipeline's default, kept in the body the skill validates
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        return error(400, "missing_model", "'model' is required: a model id from GET /v1/models",
-                     "model")
+        raise HttpProblem(400, "missing_model",
+                          "'model' is required: a model id from GET /v1/models", "model")
     skill = find_model(gateway, model)
-    if isinstance(skill, Response):
-        return skill
     if operation not in skill.operations:
-        return error(400, "unsupported_operation", f"'{model}' does not support {operation}; "
-                     f"it supports {', '.join(skill.operations)}", "model")
+        raise HttpProblem(400, "unsupported_operation", f"'{model}' does not support {operation}; "
+                          f"it supports {', '.join(skill.operations)}", "model")
     return skill
 
 
@@ -145,16 +128,16 @@ async def sse(chunks: Any) -> AsyncIterator[bytes]:
 
 
 def respond(outcome: Outcome) -> Response:
-    """An Outcome as OpenAI's answer: SSE for a stream, JSON otherwise; no-retry where a client
-    retry could pay twice."""
+    """An Outcome as OpenAI's answer: SSE for a stream, JSON otherwise; `x-should-retry: false`
+    (OpenAI's clients honour it) where the pipeline says a client's own retry is not safe."""
+    retry = {} if outcome.retry_safe else NO_RETRY
     if isinstance(outcome, Delivered) and outcome.stream is not None:
-        headers = timing_headers(outcome) | NO_RETRY
+        headers = timing_headers(outcome) | retry
         if outcome.receipt is not None:
             headers |= receipt_headers(outcome.receipt)
         return EventStream(sse(outcome.stream), headers=headers, media_type="text/event-stream")
     response = render(outcome)
-    if response.status_code >= 500 or response.status_code == 402:
-        response.headers.update(NO_RETRY)
+    response.headers.update(retry)
     return response
 
 
@@ -163,12 +146,8 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
     """POST `path` with a JSON body naming a model: the model's `operation`, paid per call."""
 
     async def handle(request: Request) -> Response:
-        body = await json_body(request, max_body_bytes)
-        if isinstance(body, Response):
-            return body
+        body = await read_json_object(request, max_body_bytes)
         skill = model_skill(gateway, body, operation)
-        if isinstance(skill, Response):
-            return skill
         outcome = await gateway.call(CallRequest(
             skill_id=skill.id, payload=body, resource_url=f"{base_url}{path}",
             payment=payment_from(request.headers), stream=body.get("stream") is True, operation=operation))
