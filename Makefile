@@ -6,9 +6,11 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 
 .PHONY: serve test lint clean
 
+# `make serve` runs the local devnet: the optional extra paywire[devnet] (py-evm, eth-tester).
+# A production install is `pip install .`, without it. The test extra includes it.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -e .
+	$(PIP) install -e '.[devnet]'
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml package.json package-lock.json
@@ -21,10 +23,12 @@ serve: $(VENV)/.installed
 
 test: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .ruff_cache

@@ -57,7 +57,6 @@ from .a2a_messages import (
     REQUEST_KEY,
     REQUIRED_KEY,
     STATUS_KEY,
-    X402_EXTENSION,
     MessageError,
     SkillCall,
     message_metadata,
@@ -124,14 +123,6 @@ def caller_principals(context: ServerCallContext) -> tuple[str, ...]:
 
 http_payment_scope: contextvars.ContextVar[HttpPaymentScope | None] = contextvars.ContextVar(
     "paywire_http_payment_scope", default=None)
-
-
-def extension_requested(context: RequestContext) -> bool:
-    if X402_EXTENSION in context.requested_extensions:
-        return True
-    headers = (context.call_context.state or {}).get("headers", {}) if context.call_context else {}
-    legacy = headers.get("x-a2a-extensions", "")
-    return X402_EXTENSION in {v.strip() for v in legacy.split(",")}
 
 
 def _struct(data: dict[str, Any]) -> Struct:

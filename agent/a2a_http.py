@@ -24,6 +24,7 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import ValidationError
 from starlette.requests import cookie_parser
 
 from .a2a_executor import (
@@ -108,6 +109,11 @@ class A2AHttpLayer:
             return
         if stripped:  # the token came in the message's metadata: not stored with the message
             body = json_bytes(rpc)
+        invalid = _invalid_v03_params(rpc, method)
+        if invalid is not None:  # the SDK would say -32600 (invalid request): it is -32602
+            await _send_json(send, 200, {"jsonrpc": "2.0", "id": rpc.get("id"), "error": {
+                "code": -32602, "message": invalid}})
+            return
         if method in V1_METHODS and "a2a-version" not in headers:
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
         if method in SEND_METHODS:
@@ -224,9 +230,8 @@ class _PaymentAwareSend:
 
     async def __call__(self, message: Any) -> None:
         if self.passthrough:
-            if self.token is not None and message["type"] == "http.response.body" and message.get(
-                    "body"):
-                message = {**message, "body": _event_with_token(message["body"], self.token)}
+            if message["type"] == "http.response.body" and message.get("body"):
+                message = {**message, "body": _rewrite_event(message["body"], self.token)}
                 self.token = None  # the first event only
             await self.send(message)
             return
@@ -249,9 +254,7 @@ class _PaymentAwareSend:
             if self.pay.receipt is not None:
                 extra = [(k.lower().encode(), v.encode())
                          for k, v in receipt_headers(self.pay.receipt).items()]
-            body = self.buffer
-            if self.token is not None:
-                body = _with_token(body, self.token)
+            body = _rewrite(self.buffer, self.token)
             start = self._headers(self.start, extra)
             if body is not self.buffer:
                 start["headers"] = [(k, v) for k, v in start["headers"] if k.lower() != b"content-length"]
@@ -284,22 +287,63 @@ def _task_of(result: Any) -> dict[str, Any] | None:
     return result if result.get("kind") == "task" else None
 
 
-def _with_token(raw: bytes, token: str) -> bytes:
-    """A JSON-RPC answer with the task token in its task's metadata (`raw` itself if no task)."""
+def _rewrite(raw: bytes, token: str | None) -> bytes:
+    """A JSON-RPC answer with a minted task token in its task's metadata, and its data parts'
+    numbers exact (see `_exact_numbers`); `raw` itself when nothing changed."""
+    if token is None and b'"data"' not in raw:
+        return raw
     try:
         answer = json.loads(raw)
     except ValueError:
         return raw
-    task = _task_of(answer.get("result")) if isinstance(answer, dict) else None
-    if task is None:
-        return raw
-    meta = task.get("metadata")
-    task["metadata"] = {**(meta if isinstance(meta, dict) else {}), TOKEN_KEY: token}
-    return json_bytes(answer)
+    changed = _exact_numbers(answer)
+    task = _task_of(answer.get("result")) if isinstance(answer, dict) and token else None
+    if task is not None:
+        meta = task.get("metadata")
+        task["metadata"] = {**(meta if isinstance(meta, dict) else {}), TOKEN_KEY: token}
+    return json_bytes(answer) if changed or task is not None else raw
 
 
-def _event_with_token(chunk: bytes, token: str) -> bytes:
-    """An SSE event (`data: <JSON-RPC answer>` and a blank line) with the token in its task."""
+def _exact_numbers(value: Any) -> bool:
+    """Protobuf's Struct carries every number as a double, so a data part's `6` comes back as
+    `6.0`. The executor puts the exact REST JSON as a text part beside each data part: wherever a
+    parts list holds a data part and a text part whose JSON is equal to it, the data part takes
+    that JSON (integers included). Returns whether anything changed."""
+    changed = False
+    if isinstance(value, dict):
+        parts = value.get("parts")
+        if isinstance(parts, list):
+            changed |= _exact_parts(parts)
+        for item in value.values():
+            changed |= _exact_numbers(item)
+    elif isinstance(value, list):
+        for item in value:
+            changed |= _exact_numbers(item)
+    return changed
+
+
+def _exact_parts(parts: list[Any]) -> bool:
+    texts = []
+    for part in parts:
+        if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"][:1] in "{[":
+            try:
+                texts.append(json.loads(part["text"]))
+            except ValueError:
+                continue
+    changed = False
+    for part in parts:
+        data = part.get("data") if isinstance(part, dict) else None
+        if data is None:
+            continue
+        exact = next((t for t in texts if t == data), None)  # 6 == 6.0: the same JSON value
+        if exact is not None and exact is not data:
+            part["data"] = exact
+            changed = True
+    return changed
+
+
+def _rewrite_event(chunk: bytes, token: str | None) -> bytes:
+    """An SSE event (`data: <JSON-RPC answer>` and a blank line), rewritten as `_rewrite` does."""
     try:
         lines = chunk.decode().splitlines(keepends=True)
     except UnicodeDecodeError:
@@ -309,11 +353,32 @@ def _event_with_token(chunk: bytes, token: str) -> bytes:
         return chunk
     line = lines[data[0]]
     content = line.removeprefix("data:").strip().encode()
-    changed = _with_token(content, token)
+    changed = _rewrite(content, token)
     if changed is content:
         return chunk
     lines[data[0]] = "data: " + changed.decode() + line[len(line.rstrip("\r\n")):]
     return "".join(lines).encode()
+
+
+def _invalid_v03_params(rpc: Any, method: Any) -> str | None:
+    """For a 0.3 method name, why its params break the 0.3 schema (None if they do not, or if
+    the envelope itself is wrong: that stays the SDK's -32600). The message names the field,
+    never the value (it may be a secret)."""
+    from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter  # (a cycle in the SDK if first)
+
+    model = JSONRPC03Adapter.METHOD_TO_MODEL.get(method) if isinstance(method, str) else None
+    if model is None or not isinstance(rpc, dict) or rpc.get("jsonrpc") != "2.0":
+        return None
+    try:
+        model.model_validate(rpc)
+    except ValidationError as exc:
+        errors = exc.errors(include_input=False)
+        if not all(e["loc"][:1] == ("params",) for e in errors):
+            return None
+        first = errors[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"invalid params: {where}: {first['msg']}"
+    return None
 
 
 def _plain_id(value: Any) -> bool:

@@ -17,6 +17,9 @@ from typing import Any
 from a2a.types import Message
 from google.protobuf.json_format import MessageToDict
 
+from agent.catalogue import HELP_SKILL
+
+# The a2a-x402 extension (its URI and the metadata keys below): defined here once, the card imports it.
 X402_EXTENSION = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
 STATUS_KEY = "x402.payment.status"
 REQUIRED_KEY = "x402.payment.required"
@@ -26,7 +29,6 @@ ERROR_KEY = "x402.payment.error"
 REQUEST_KEY = "paywire.request"  # task metadata: the call a pending payment is for
 PAYER_KEY = "paywire.payer"  # task metadata: the wallet that paid (it may read the task too)
 TOKEN_KEY = "paywire.taskToken"  # message metadata (in) / result task metadata (out): task token
-HELP_SKILL = "help"
 
 
 class MessageError(ValueError):

@@ -39,9 +39,9 @@ from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
 from .http_io import HttpProblem, edge_error
 from .settings import ConfigError, Settings
+from .version import VERSION
 
 log = logging.getLogger("paywire")
-VERSION = "0.1.0"
 
 
 @dataclass

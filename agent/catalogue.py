@@ -8,6 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from payments.money import display_usd
+from skills.help import HELP_SKILL as HELP_SKILL  # the free help skill's id, for the faces
 from skills.registry import SkillRegistry
 from skills.skill import Skill
 

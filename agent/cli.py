@@ -49,10 +49,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     devnet = None
     if settings.devnet:
-        from payments.devnet import Devnet
+        from payments.devnet import Devnet, DevnetNotInstalled, check_installed
         from payments.devnet.keys import load_or_create_keys
 
-        devnet = Devnet(load_or_create_keys(settings.data_dir))
+        try:
+            check_installed()  # before any key is written
+            devnet = Devnet(load_or_create_keys(settings.data_dir))
+        except DevnetNotInstalled as exc:  # a production install (`pip install .`) on devnet settings
+            print(f"paywire: {exc}", file=sys.stderr)
+            return 2
         print(_banner(settings, devnet), file=sys.stderr, flush=True)
     from .app import create_app
     from .hygiene import configure_logging

@@ -14,19 +14,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from payments.devnet import Devnet
+from payments.devnet import Devnet, jsonrpc
 from payments.networks import lookup_network
 
 from .http_io import BodyTooLarge, InvalidJson, read_json
 
 MAX_RPC_BYTES = 256 * 1024
-MAX_RPC_BATCH = 100  # calls in one JSON-RPC batch
+MAX_RPC_BATCH = jsonrpc.MAX_BATCH  # calls in one JSON-RPC batch
 MAX_FAUCET_ATOMIC = 1_000_000_000  # 1,000 USDC per faucet call
-
-
-def _rpc_refusal(status: int, code: int, message: str) -> Response:
-    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}},
-                        status)
 
 
 def _err(message: str, param: str, status: int = 400) -> Response:
@@ -36,32 +31,18 @@ def _err(message: str, param: str, status: int = 400) -> Response:
 
 
 def routes(devnet: Devnet, base_url: str) -> list[Route]:
-    def rpc_endpoint(handler: Any) -> Any:
+    def rpc_endpoint(rpc: jsonrpc.Rpc) -> Any:
         async def endpoint(request: Request) -> Response:
             try:
                 body = await read_json(request, MAX_RPC_BYTES)
             except BodyTooLarge:
-                return _rpc_refusal(413, -32600, f"request larger than {MAX_RPC_BYTES} bytes")
+                reply = jsonrpc.refusal(413, jsonrpc.INVALID_REQUEST,
+                                        f"request larger than {MAX_RPC_BYTES} bytes")
             except InvalidJson as exc:
-                return _rpc_refusal(400, -32700, f"parse error: {exc.message}")
-            calls = body if isinstance(body, list) else [body]
-            if not calls or len(calls) > MAX_RPC_BATCH:
-                return _rpc_refusal(400, -32600, f"a batch holds 1 to {MAX_RPC_BATCH} calls")
-            answers = []
-            for call in calls:
-                request_id = call.get("id") if isinstance(call, dict) else None
-                if not isinstance(request_id, str | int | None) or isinstance(request_id, bool):
-                    request_id = None
-                method, params = (call.get("method"), call.get("params")) if isinstance(
-                    call, dict) else (None, None)
-                if not isinstance(method, str) or not isinstance(params, list | None):
-                    answers.append({"jsonrpc": "2.0", "id": request_id, "error": {
-                        "code": -32600, "message": "invalid request: 'method' must be a string "
-                                                   "and 'params' an array"}})
-                    continue
-                answer = await asyncio.to_thread(handler, method, params or [])
-                answers.append(answer | {"id": request_id})
-            return JSONResponse(answers if isinstance(body, list) else answers[0])
+                reply = jsonrpc.refusal(400, jsonrpc.PARSE_ERROR, f"parse error: {exc.message}")
+            else:
+                reply = await asyncio.to_thread(jsonrpc.answer, body, rpc, max_batch=MAX_RPC_BATCH)
+            return JSONResponse(reply.body, reply.status)
 
         return endpoint
 

@@ -3,32 +3,32 @@
 Translation only, as in the chat route: a body becomes a CallRequest on the model skill and the Outcome
 becomes the answer (raw audio bytes, text, or OpenAI's JSON). JSON routes read the body under the
 gateway's JSON limit; multipart routes (transcriptions, translations, image edits) under the upload
-limit (413 above it), parsed here into the payload: text fields typed as OpenAI documents them, repeated
-`name[]` fields as arrays, and files as `UploadedFile` values (bytes alongside a hashable description).
+limit (413 above it), then parsed by python-multipart (Starlette's own form parser) into the payload:
+text fields typed as OpenAI documents them, repeated `name[]` fields as arrays, and files as
+`UploadedFile` values (bytes alongside a hashable description).
 """
 
 from __future__ import annotations
 
-import email.message
-import email.policy
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from email.parser import HeaderParser
+from dataclasses import dataclass, field
 from typing import Any
 
+from python_multipart import MultipartParser
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartState, parse_options_header
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from agent.gateway import CallRequest, Gateway
-from agent.http_io import BodyTooLarge, payment_from, read_body
-from skills.models.media_ops import UploadedFile
+from agent.http_io import BodyTooLarge, HttpProblem, payment_from, read_body, read_json_object
+from agent.payloads import UploadedFile
 
-from .openai_common import error, json_body, json_model_route, model_skill, respond
+from .openai_common import json_model_route, model_skill, respond
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024  # OpenAI's own limit for audio and image uploads
 MAX_PARTS = 64  # far above any OpenAI form; a bound on work for a hostile one
-DEFAULT_IMAGE_MODEL = "dall-e-2"  # OpenAI's default when an images request names no model
 
 # Multipart sends everything as text; these fields are numbers or booleans in OpenAI's reference.
 _INTEGER_FIELDS = frozenset({"n", "output_compression", "partial_images"})
@@ -59,42 +59,76 @@ class FormError(Exception):
 
 
 def parse_multipart(content_type: str, body: bytes, max_parts: int = MAX_PARTS) -> list[Part]:
-    """multipart/form-data (RFC 7578) -> its parts; FormError when it is not well formed. The body is
-    already bounded, so this works on bytes with `find` (no per-line Python loop over a 25 MB file)."""
-    header = email.message.Message()
-    header["content-type"] = content_type
-    boundary = header.get_param("boundary")
-    if header.get_content_type() != "multipart/form-data" or not isinstance(boundary, str) or not boundary:
+    """multipart/form-data (RFC 7578) -> its parts; FormError when it is not well formed, has more than
+    `max_parts` parts or ends before its closing boundary. The body is already bounded (read_body)."""
+    kind, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if kind != b"multipart/form-data" or not boundary:
         raise FormError("send multipart/form-data (with a boundary) on this route")
-    delimiter = b"--" + boundary.encode("latin-1")
-    pos = body.find(delimiter)
-    if pos < 0:
-        raise FormError("the multipart body has no part")
-    pos += len(delimiter)
-    parts: list[Part] = []
-    while not body.startswith(b"--", pos):  # "--" after a delimiter closes the body
-        line_end = body.find(b"\r\n", pos)
-        head_end = body.find(b"\r\n\r\n", line_end)
-        if line_end < 0 or head_end < 0 or body[pos:line_end].strip(b" \t"):
-            raise FormError("a multipart part has malformed headers")
-        next_delimiter = body.find(b"\r\n" + delimiter, head_end + 4)
-        if next_delimiter < 0:
-            raise FormError("the multipart body is cut short (no closing boundary)")
-        if len(parts) == max_parts:
-            raise FormError(f"the form has more than {max_parts} parts")
-        parts.append(_part(body[line_end + 2:head_end], body[head_end + 4:next_delimiter]))
-        pos = next_delimiter + 2 + len(delimiter)
-    return parts
+    form = _Form(max_parts)
+    try:
+        parser = MultipartParser(boundary, form.callbacks())
+        parser.write(body)
+    except FormParserError as exc:  # python-multipart's own words, e.g. "Did not find CR at end of boundary"
+        where = f" at byte {exc.offset}" if isinstance(getattr(exc, "offset", None), int) else ""
+        raise FormError(f"the multipart body is not well formed{where}: {exc}") from None
+    if parser.state != MultipartState.END:
+        raise FormError("the multipart body has no part" if parser.state == MultipartState.START
+                        else "the multipart body is cut short (no closing boundary)")
+    return form.parts
 
 
-def _part(raw_headers: bytes, data: bytes) -> Part:
-    headers = HeaderParser(policy=email.policy.HTTP).parsestr(raw_headers.decode("utf-8", "replace"))
-    name = headers.get_param("name", header="content-disposition")
-    if headers.get_content_disposition() != "form-data" or not isinstance(name, str) or not name:
-        raise FormError("every multipart part needs Content-Disposition: form-data; name=\"...\"")
-    filename = headers.get_filename()
-    content_type = headers.get_content_type() if headers.get("content-type") else "application/octet-stream"
-    return Part(name, filename, content_type, data)
+@dataclass
+class _Form:
+    """Collects python-multipart's callbacks (one part at a time) into Parts."""
+
+    max_parts: int
+    parts: list[Part] = field(default_factory=list)
+    _headers: dict[bytes, bytes] = field(default_factory=dict)
+    _header: tuple[bytes, bytes] = (b"", b"")
+    _data: list[bytes] = field(default_factory=list)
+    _part: Part | None = None
+
+    def callbacks(self) -> Any:
+        return {"on_part_begin": self.part_begin, "on_header_field": self.header_field,
+                "on_header_value": self.header_value, "on_header_end": self.header_end,
+                "on_headers_finished": self.headers_finished, "on_part_data": self.part_data,
+                "on_part_end": self.part_end}
+
+    def part_begin(self) -> None:
+        if len(self.parts) == self.max_parts:
+            raise FormError(f"the form has more than {self.max_parts} parts")
+        self._headers, self._data, self._part = {}, [], None
+
+    def header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header = (self._header[0] + data[start:end], self._header[1])
+
+    def header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header = (self._header[0], self._header[1] + data[start:end])
+
+    def header_end(self) -> None:
+        name, value = self._header
+        self._headers[name.lower()] = value
+        self._header = (b"", b"")
+
+    def headers_finished(self) -> None:
+        disposition, options = parse_options_header(self._headers.get(b"content-disposition"))
+        name = options.get(b"name")
+        if disposition != b"form-data" or not name:
+            raise FormError("every multipart part needs Content-Disposition: form-data; name=\"...\"")
+        filename = options.get(b"filename")
+        content_type = parse_options_header(self._headers.get(b"content-type"))[0]
+        self._part = Part(name.decode("utf-8", "replace"),
+                          None if filename is None else filename.decode("utf-8", "replace"),
+                          content_type.decode("latin-1") or "application/octet-stream", b"")
+
+    def part_data(self, data: bytes, start: int, end: int) -> None:
+        self._data.append(data[start:end])
+
+    def part_end(self) -> None:
+        if self._part is not None:
+            self._part.data = b"".join(self._data)
+            self.parts.append(self._part)
 
 
 def form_payload(parts: list[Part]) -> dict[str, Any]:
@@ -135,46 +169,36 @@ def _typed(name: str, text: str) -> Any:
     return text
 
 
-async def read_form(request: Request, limit: int, blame: str) -> dict[str, Any] | Response:
-    """The multipart body as a payload, or the error response (413 above `limit` bytes, 400)."""
+async def read_form(request: Request, limit: int, blame: str) -> dict[str, Any]:
+    """The multipart body as a payload; HttpProblem 413 above `limit` bytes, 400 if malformed."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
-        return error(400, "invalid_content_type", "send multipart/form-data on this route, with the upload "
-                     f"in the '{blame}' field", None)
+        raise HttpProblem(400, "invalid_content_type", "send multipart/form-data on this route, with "
+                          f"the upload in the '{blame}' field")
     try:
         raw = await read_body(request, limit)
     except BodyTooLarge:
-        return error(413, "upload_too_large", f"the upload is larger than {limit // (1024 * 1024)} MB "
-                     f"({limit} bytes); send a smaller file", blame)
+        raise HttpProblem(413, "upload_too_large", f"the upload is larger than {limit // (1024 * 1024)} "
+                          f"MB ({limit} bytes); send a smaller file", blame) from None
     try:
         return form_payload(parse_multipart(request.headers["content-type"], raw))
     except FormError as exc:
-        return error(400, "invalid_form", exc.message, exc.param)
+        raise HttpProblem(400, "invalid_form", exc.message, exc.param) from None
 
 
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
            max_upload_bytes: int = MAX_UPLOAD_BYTES) -> list[Route]:
     async def call(request: Request, path: str, operation: str, payload: dict[str, Any]) -> Response:
-        if operation.startswith("images.") and "model" not in payload:
-            payload["model"] = DEFAULT_IMAGE_MODEL
         skill = model_skill(gateway, payload, operation)
-        if isinstance(skill, Response):
-            return skill
         return respond(await gateway.call(CallRequest(
             skill_id=skill.id, payload=payload, resource_url=f"{base_url}{path}",
-            payment=payment_from(request), operation=operation)))
+            payment=payment_from(request.headers), operation=operation)))
 
     async def image_generations(request: Request) -> Response:
-        body = await json_body(request, max_body_bytes)
-        if isinstance(body, Response):
-            return body
-        return await call(request, *IMAGES_JSON_ROUTE, body)
+        return await call(request, *IMAGES_JSON_ROUTE, await read_json_object(request, max_body_bytes))
 
     def form_route(path: str, operation: str, blame: str) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
-            payload = await read_form(request, max_upload_bytes, blame)
-            if isinstance(payload, Response):
-                return payload
-            return await call(request, path, operation, payload)
+            return await call(request, path, operation, await read_form(request, max_upload_bytes, blame))
 
         return handle
 

@@ -8,6 +8,7 @@ from typing import Any
 from .registry import SkillRegistry
 from .skill import Skill, SkillResult
 
+HELP_SKILL = "help"  # the skill's id, the one definition (agent.catalogue passes it on to the faces)
 HOW_TO_CALL = (
     'Send a message with a data part {"skill": "<skill id>", "input": {...}} where input is '
     "the JSON body of the skill's REST route. Paid skills answer with an x402 quote (HTTP 402, "
@@ -22,14 +23,14 @@ def make_help_skill(registry: SkillRegistry, catalogue_url: str) -> Skill:
              "price_usd": format(s.price_usd.normalize(), "f") if s.price_usd is not None
              else "per request",
              "example": {"skill": s.id, "input": s.examples[0] if s.examples else {}}}
-            for s in registry.all() if s.id != "help"
+            for s in registry.all() if s.id != HELP_SKILL
         ]
         text = (f"paywire sells {len(skills)} skills, each paid per call in USDC with x402. "
                 f"{HOW_TO_CALL} The full catalogue: {catalogue_url}")
         return SkillResult(body={"text": text, "skills": skills, "catalogue": catalogue_url})
 
     return Skill(
-        id="help", name="Help", description="What paywire sells and how to call it. Free.",
+        id=HELP_SKILL, name="Help", description="What paywire sells and how to call it. Free.",
         categories=("Help",), price_usd=Decimal(0), kind="builtin", run=run,
         input_schema={"type": "object"},
     )

@@ -12,13 +12,22 @@ for the cloud metadata addresses, which are refused whatever the list says: nobo
 webhook against them, and reaching them is the classic way SSRF leaks credentials.
 
 Host names are checked for the few that name metadata services or private-use zones; every other
-name must be resolved and each of its addresses checked with `check_address` before connecting.
+name must be resolved and each of its addresses checked with `check_address` before connecting, and
+the connection made with a `PinnedConnector`: it goes to those checked addresses only (no second
+lookup, no DNS rebinding), while the Host header, TLS SNI and certificate verification keep the name.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import socket
+from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from typing import Any
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -147,3 +156,46 @@ def parse_networks(text: str) -> tuple[IPNetwork, ...]:
         except ValueError:
             raise ValueError(f"{item!r} is not an IP network such as 127.0.0.1/32") from None
     return tuple(networks)
+
+
+class PinnedResolver(AbstractResolver):
+    """Answers for the checked host with the checked addresses only: the connection cannot go
+    anywhere the guard did not see (no second lookup, no DNS rebinding)."""
+
+    def __init__(self, host: str, addresses: list[IPAddress]) -> None:
+        self._host = host
+        self._addresses = addresses
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        if host != self._host:
+            raise OSError(f"refusing to resolve {host!r}: only {self._host!r} was checked")
+        results = []
+        for ip in self._addresses:
+            ip_family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+            if family in (socket.AF_UNSPEC, ip_family):
+                results.append(ResolveResult(hostname=host, host=str(ip), port=port,
+                                             family=ip_family, proto=0,
+                                             flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV))
+        return results
+
+    async def close(self) -> None:
+        return None
+
+
+class PinnedConnector(aiohttp.TCPConnector):
+    """One connection, to `host` at the checked `addresses` only (a PinnedResolver). `on_connect`
+    sees the transport as soon as the connection is made (peer address, TLS session): an empty
+    answer releases the connection before the caller could look."""
+
+    def __init__(self, host: str, addresses: list[IPAddress],
+                 on_connect: Callable[[asyncio.BaseTransport | None], None] | None = None) -> None:
+        super().__init__(resolver=PinnedResolver(host, addresses), use_dns_cache=False,
+                         force_close=True, limit=1)
+        self._on_connect = on_connect
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        connection = await super().connect(req, traces, timeout)
+        if self._on_connect is not None:
+            self._on_connect(connection.transport)
+        return connection

@@ -33,10 +33,11 @@ from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentRequired
 
 from agent.a2a_messages import X402_EXTENSION, coerce_numbers
+from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
+from tests.support.hooked_resources import Streamer
 from tests.support.live_server import LiveServer
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, post_paid, quote, sign
-from tests.support.test_resources import Streamer
 
 INPUT = {"text": "Agents pay for themselves, per call.", "model": "gpt-4o"}
 PRICE = 5750
@@ -270,7 +271,8 @@ def test_bad_input_is_a_clear_error_and_charges_nothing(server: LiveServer) -> N
     assert "message.parts[0].data" in not_object["error"]["message"]
     # (the 0.3 schema itself already refuses a non-object data part)
     not_object03 = _rpc(server, "message/send", _msg_json([{"kind": "data", "data": [1, 2]}]))
-    assert not_object03["error"]["code"] in (-32600, -32602)
+    assert not_object03["error"]["code"] == -32602  # invalid params, as the 1.0 names answer
+    assert "params.message.parts" in not_object03["error"]["message"]
     bad_input = _rpc(server, "message/send", _msg_json(
         [{"kind": "data", "data": {"skill": "token-count-508", "input": {"text": "x"}}}]))
     task = bad_input["result"]
@@ -307,3 +309,35 @@ def test_standard_error_codes_and_version_header_default(server: LiveServer) -> 
     not_cancelable = _rpc(server, "tasks/cancel", {"id": done["id"]},
                           {"Paywire-Task-Token": done["metadata"]["paywire.taskToken"]})
     assert not_cancelable["error"]["code"] == -32002
+
+
+@pytest.mark.parametrize("method", ["message/send", "SendMessage"])
+def test_data_parts_carry_the_rest_json_exactly_integers_included(server: LiveServer,
+                                                                   method: str) -> None:
+    keys = server.devnet.keys
+    part = {"data": {"skill": "token-count-508", "input": INPUT}}
+    if method == "message/send":
+        part["kind"] = "data"
+    params = _msg_json([part], role="user" if method == "message/send" else "ROLE_USER")
+    quote = httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                                  "params": params})
+    assert quote.status_code == 402
+    required = PaymentRequired.model_validate(json.loads(decode_base64_any(
+        quote.headers["PAYMENT-REQUIRED"])))
+    payer = client_for(server.url, evm_key=keys.evm_payer, sol_key=keys.sol_payer)
+    paid = httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                                 "params": params},
+                      headers={"PAYMENT-SIGNATURE": header(sign(payer, required, EVM_NET))})
+    assert paid.status_code == 200, paid.text
+    result = paid.json()["result"]
+    task = result.get("task", result)
+    token = paid.headers["Paywire-Task-Token"]
+    again = httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 2, "method": "tasks/get",
+                                                  "params": {"id": task["id"]}},
+                       headers={"Paywire-Task-Token": token}).json()["result"]
+    for answer in (task, again):
+        parts = answer["artifacts"][0]["parts"]
+        data = next(p["data"] for p in parts if "data" in p)
+        rest = json.loads(next(p["text"] for p in parts if p.get("text", "").startswith("{")))
+        assert data == rest and type(data["tokens"]) is int and data["tokens"] > 5
+        assert json.dumps(data, sort_keys=True) == json.dumps(rest, sort_keys=True)

@@ -38,11 +38,11 @@ from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from payments.networks import BASE_SEPOLIA
 from tests.conftest import TEST_RESOURCES
+from tests.support.hooked_resources import Hooked
 from tests.support.identity import siwx_header
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
-from tests.support.test_resources import Hooked
 
 EXT = {"A2A-Extensions": X402_EXTENSION}
 MARKER = "sk-live-" + secrets.token_hex(12)  # a secret inside a task's input (issue 9: a bearer header)

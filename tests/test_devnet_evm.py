@@ -46,6 +46,7 @@ from x402.mechanisms.evm.exact.eip3009_utils import parse_eip3009_transfer_error
 from x402.mechanisms.evm.signers import FacilitatorWeb3Signer
 from x402.schemas import PaymentPayload
 
+from payments.devnet import jsonrpc
 from payments.devnet.contracts import build as contract_build
 from payments.devnet.evm import ARTIFACT_PATH, BLOCK_TIME_SECONDS, EvmDevnet, load_artifact
 from tests.support.evm_anvil import AnvilUsdc, anvil_usdc  # noqa: F401  (fixture)
@@ -65,6 +66,8 @@ from tests.support.jsonrpc_http import JsonRpcHttpServer
 PRICE = 10_000  # 0.01 USDC
 FUNDS = 100_000  # 0.1 USDC (the SDK client refuses to pay over $1 by default)
 USDC = EvmDevnet.USDC_ADDRESS
+ABI = load_artifact()["abi"]  # DevUSDC's
+LOAD_SETTLEMENTS = 500
 
 
 def new_key() -> str:
@@ -73,6 +76,10 @@ def new_key() -> str:
 
 def new_devnet(**kwargs: Any) -> EvmDevnet:
     return EvmDevnet(facilitator_key=new_key(), minter_key=new_key(), **kwargs)
+
+
+def facilitator_address(devnet: EvmDevnet) -> str:
+    return devnet.facilitator_signer().get_addresses()[0]
 
 
 class FakeClock:
@@ -254,7 +261,7 @@ def test_token_is_base_sepolia_usdc_lookalike(devnet: EvmDevnet) -> None:
     assert w3.eth.chain_id == EvmDevnet.CHAIN_ID == 84532
     assert EvmDevnet.NETWORK == "eip155:84532"
     assert w3.eth.get_code(USDC).to_0x_hex() == load_artifact()["deployedBytecode"]
-    token = w3.eth.contract(address=USDC, abi=devnet.abi)
+    token = w3.eth.contract(address=USDC, abi=ABI)
     f = token.functions
     assert (f.name().call(), f.symbol().call(), f.decimals().call(), f.version().call()) == (
         "USDC",
@@ -273,7 +280,7 @@ def test_token_is_base_sepolia_usdc_lookalike(devnet: EvmDevnet) -> None:
         )
     )
     assert f.DOMAIN_SEPARATOR().call() == expected
-    assert w3.eth.get_balance(devnet.facilitator_address) > 0
+    assert w3.eth.get_balance(facilitator_address(devnet)) > 0
 
 
 def _sign_authorization(
@@ -315,7 +322,7 @@ def test_contract_reverts_like_fiattoken(devnet: EvmDevnet) -> None:
     """The revert strings the SDK classifies, straight from DevUSDC, on both overloads."""
     payer, pay_to = Account.create(), Account.create().address
     devnet.mint(payer.address, FUNDS)
-    token = devnet.w3.eth.contract(address=USDC, abi=devnet.abi)
+    token = devnet.w3.eth.contract(address=USDC, abi=ABI)
     vrs = token.get_function_by_signature(
         "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)"
     )
@@ -327,7 +334,7 @@ def test_contract_reverts_like_fiattoken(devnet: EvmDevnet) -> None:
         sig = auth["signature"]
         return [vrs(*auth["args"], sig[64], sig[:32], sig[32:64]), packed(*auth["args"], sig)]
 
-    now, sender = int(time.time()), devnet.facilitator_address
+    now, sender = int(time.time()), facilitator_address(devnet)
     cases = {
         ERR_VALID_BEFORE_EXPIRED: _sign_authorization(
             devnet, payer, to=pay_to, value=PRICE, valid_before=now - 100
@@ -349,7 +356,7 @@ def test_contract_reverts_like_fiattoken(devnet: EvmDevnet) -> None:
     auth = _sign_authorization(devnet, payer, to=pay_to, value=PRICE)
     signer = devnet.facilitator_signer()
     tx = signer.write_contract(
-        USDC, devnet.abi, "transferWithAuthorization", *auth["args"], auth["signature"]
+        USDC, ABI, "transferWithAuthorization", *auth["args"], auth["signature"]
     )
     assert signer.wait_for_transaction_receipt(tx).status == 1
     assert devnet.balance_of(pay_to) == PRICE
@@ -361,7 +368,7 @@ def test_contract_reverts_like_fiattoken(devnet: EvmDevnet) -> None:
 async def test_cancel_and_receive_with_authorization(devnet: EvmDevnet) -> None:
     payer, pay_to = Account.create(), Account.create()
     devnet.mint(payer.address, FUNDS)
-    token = devnet.w3.eth.contract(address=USDC, abi=devnet.abi)
+    token = devnet.w3.eth.contract(address=USDC, abi=ABI)
     facilitator = new_facilitator(devnet.facilitator_signer())
 
     # A payer cancels a signed-but-unsettled x402 payment: verify then reports the nonce used.
@@ -380,7 +387,7 @@ async def test_cancel_and_receive_with_authorization(devnet: EvmDevnet) -> None:
     )
     signer = devnet.facilitator_signer()
     tx = signer.write_contract(
-        USDC, devnet.abi, "cancelAuthorization", payer.address, nonce, bytes(cancel.signature)
+        USDC, ABI, "cancelAuthorization", payer.address, nonce, bytes(cancel.signature)
     )
     assert signer.wait_for_transaction_receipt(tx).status == 1
     assert (await facilitator.verify(payload, requirements)).invalid_reason == (ERR_NONCE_ALREADY_USED)
@@ -393,7 +400,7 @@ async def test_cancel_and_receive_with_authorization(devnet: EvmDevnet) -> None:
         "receiveWithAuthorization(address,address,uint256,uint256,uint256,bytes32,bytes)"
     )(*auth["args"], auth["signature"])
     with pytest.raises(ContractLogicError, match="caller must be the payee"):
-        receive.call({"from": devnet.facilitator_address})
+        receive.call({"from": facilitator_address(devnet)})
     receive.call({"from": pay_to.address})  # would succeed from the payee
 
 
@@ -419,6 +426,54 @@ async def test_chain_clock_catches_up_after_idle() -> None:
     assert settled.success, settled
     block = devnet.w3.eth.get_block(devnet.w3.eth.get_transaction(settled.transaction)["blockHash"])
     assert clock.now - BLOCK_TIME_SECONDS <= block["timestamp"] <= clock.now + 1
+
+
+async def test_chain_clock_keeps_to_the_wall_clock_under_load() -> None:
+    """Hundreds of settlements a second leave the chain on the wall clock's second.
+
+    Each transaction is mined at once in a block of its own. When every block had to be a second
+    later than its parent, 500 settlements in 8 s put the chain 490 s ahead, and from the 300th
+    on every new authorization (validBefore = now + 300) was already expired on chain.
+    """
+    facilitator_key = new_key()
+    devnet = EvmDevnet(facilitator_key=facilitator_key, minter_key=new_key())
+    facilitator: LocalAccount = Account.from_key(facilitator_key)
+    payer, pay_to = Account.create(), Account.create().address
+    devnet.mint(payer.address, LOAD_SETTLEMENTS * PRICE + FUNDS)
+    requirements = quote(USDC, pay_to, PRICE)
+    transfer = devnet.w3.eth.contract(address=USDC, abi=ABI).get_function_by_signature(
+        "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,bytes)"
+    )
+    nonce = devnet.w3.eth.get_transaction_count(facilitator.address)
+    fees = {"maxFeePerGas": 2 * devnet.w3.eth.get_block("latest")["baseFeePerGas"] + 10**6,
+            "maxPriorityFeePerGas": 10**6}
+    first_block = devnet.w3.eth.block_number
+
+    started = time.time()
+    for i in range(LOAD_SETTLEMENTS):
+        # The SDK client signs the EIP-3009 authorization; the facilitator key broadcasts it.
+        payload = await sign_payment(payer, requirements)
+        auth = authorization(payload)
+        call = transfer(auth["from"], auth["to"], int(auth["value"]), int(auth["validAfter"]),
+                        int(auth["validBefore"]), bytes.fromhex(auth["nonce"][2:]),
+                        bytes.fromhex(payload.payload["signature"][2:]))
+        tx = {"to": USDC, "data": call._encode_transaction_data(), "value": 0, "gas": 200_000,
+              "nonce": nonce + i, "chainId": EvmDevnet.CHAIN_ID, **fees}
+        raw = "0x" + facilitator.sign_transaction(tx).raw_transaction.hex()
+        assert "result" in devnet.rpc("eth_sendRawTransaction", [raw])
+    elapsed = time.time() - started
+    assert devnet.balance_of(pay_to) == LOAD_SETTLEMENTS * PRICE  # every one settled
+    blocks = devnet.w3.eth.block_number - first_block
+    assert blocks >= LOAD_SETTLEMENTS and blocks > 2 * elapsed  # well above a block a second
+
+    # One more, the whole SDK way: verified and settled, not expired on arrival.
+    facilitator_sdk = new_facilitator(devnet.facilitator_signer())
+    payload = await sign_payment(payer, requirements)
+    assert (await facilitator_sdk.verify(payload, requirements)).is_valid
+    settled = await facilitator_sdk.settle(payload, requirements)
+    assert settled.success, settled
+    ahead = devnet.w3.eth.get_block("latest")["timestamp"] - time.time()
+    assert ahead <= 2, f"the chain is {ahead:.0f} s ahead of the wall clock"
 
 
 async def test_concurrent_settles_and_reads_from_worker_threads(devnet: EvmDevnet) -> None:
@@ -490,17 +545,19 @@ def test_future_nonce_waits_for_the_gap_like_a_node() -> None:
     assert too_low["code"] == -32000 and "nonce too low" in too_low["message"]
 
 
-def test_facilitator_signer_is_the_sdk_web3_signer(devnet: EvmDevnet) -> None:
+def test_facilitator_signer_is_the_sdk_web3_signer() -> None:
+    facilitator_key = new_key()
+    devnet = EvmDevnet(facilitator_key=facilitator_key, minter_key=new_key())
     signer = devnet.facilitator_signer()
     assert isinstance(signer, FacilitatorWeb3Signer)
-    assert signer.get_addresses() == [devnet.facilitator_address]
+    assert signer.get_addresses() == [Account.from_key(facilitator_key).address]
     assert signer.get_chain_id() == EvmDevnet.CHAIN_ID
     assert signer.get_balance(devnet.minter_address, USDC) == 0
     assert devnet.facilitator_signer() is signer  # one nonce tracker per devnet
 
 
 def test_rpc_surface(devnet: EvmDevnet) -> None:
-    assert devnet.rpc("eth_chainId", [], 7) == {"jsonrpc": "2.0", "id": 7, "result": "0x14a34"}
+    assert devnet.rpc("eth_chainId", []) == {"result": "0x14a34"}
     assert devnet.rpc("net_version", [])["result"] == "84532"
     assert devnet.rpc("eth_accounts", [])["result"] == []  # no unlocked keys
     for method in ("evm_snapshot", "evm_revert", "testing_timeTravel", "eth_sendTransaction"):
@@ -510,10 +567,22 @@ def test_rpc_surface(devnet: EvmDevnet) -> None:
     assert reverted["code"] == 3
     assert reverted["message"] == "execution reverted: ERC20: transfer from the zero address"
     assert reverted["data"].startswith("0x08c379a0")
-    assert devnet.handle([{"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber"}, 5]) == [
-        {"jsonrpc": "2.0", "id": 1, "result": "0x0"},
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "invalid request"}},
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber"},
+        5,
+        {"jsonrpc": "2.0", "id": "b", "method": "eth_chainId", "params": {}},
+        {"jsonrpc": "2.0", "id": True, "method": "eth_nope", "params": []},
     ]
+    reply = jsonrpc.answer(batch, devnet.rpc)
+    assert reply.status == 200
+    assert [(a["id"], a.get("result"), a.get("error", {}).get("code")) for a in reply.body] == [
+        (1, "0x0", None),
+        (None, None, -32600),  # not a call
+        ("b", None, -32600),  # params must be an array
+        (None, None, -32601),  # an id no client can carry is answered as null
+    ]
+    assert jsonrpc.answer([], devnet.rpc).status == 400
+    assert jsonrpc.answer([{"method": "eth_chainId"}] * 101, devnet.rpc).status == 400
 
 
 def test_artifact_is_built_from_the_committed_source() -> None:

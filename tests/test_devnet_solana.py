@@ -8,7 +8,8 @@ and once over the SDK's own `FacilitatorKeypairSigner` talking JSON-RPC (the pro
 What the SDK expects of the payee: its client builds exactly ComputeLimit, ComputePrice,
 TransferChecked and Memo (no create-account instruction), and its verifier rejects any other
 extra instruction, so the payTo's USDC token account must exist before anyone pays. Operators
-create it once (`ensure_token_account`); a payment to a payee without one fails simulation.
+create it once (here `mint_to(payee, 0)`, as `Devnet` does for the merchant); a payment to a
+payee without one fails simulation.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from solders.keypair import Keypair
 from solders.message import MessageV0, to_bytes_versioned
 from solders.pubkey import Pubkey
 from solders.signature import Signature
+from solders.token.associated import get_associated_token_address
 from solders.transaction import VersionedTransaction
 from x402 import x402Client, x402Facilitator
+from x402.extensions.sign_in_with_x.solana import decode_base58, encode_base58
 from x402.mechanisms.svm import (
     ERR_AMOUNT_INSUFFICIENT,
     ERR_NETWORK_MISMATCH,
@@ -126,7 +129,7 @@ class Chain:
 
     def payee(self) -> str:
         address = str(Keypair().pubkey())
-        self.devnet.ensure_token_account(address)
+        self.devnet.mint_to(address, 0)  # creates the token account
         return address
 
     def balance(self, owner: Keypair | str) -> int:
@@ -150,6 +153,10 @@ def _tx(payload: PaymentPayload) -> VersionedTransaction:
 def _with_tx(payload: PaymentPayload, tx: VersionedTransaction) -> PaymentPayload:
     encoded = base64.b64encode(bytes(tx)).decode()
     return payload.model_copy(update={"payload": {"transaction": encoded}})
+
+
+def _lamports(devnet: SolanaDevnet, owner: Keypair) -> int:
+    return devnet.rpc("getBalance", [str(owner.pubkey())])["result"]["value"]
 
 
 def _raw_rpc(url: str, method: str, params: list) -> dict:
@@ -178,7 +185,7 @@ async def test_settlement_moves_exactly_the_amount(chain: Chain) -> None:
     requirements = chain.quote(pay_to)
     assert requirements.extra["feePayer"] == str(chain.fee_payer.pubkey())
     payload = await chain.pay(KeypairSigner(payer), requirements)
-    fee_sol_before = chain.devnet.sol_balance(str(chain.fee_payer.pubkey()))
+    fee_sol_before = _lamports(chain.devnet, chain.fee_payer)
 
     verified = await chain.facilitator.verify(payload, requirements)
     assert verified.is_valid, verified.invalid_message
@@ -191,7 +198,7 @@ async def test_settlement_moves_exactly_the_amount(chain: Chain) -> None:
     assert (chain.balance(payer), chain.balance(pay_to)) == (FUNDS - PRICE, PRICE)
 
     # The facilitator paid the fee (two signatures plus the SDK's 1-microlamport priority fee).
-    assert fee_sol_before - chain.devnet.sol_balance(str(chain.fee_payer.pubkey())) == 10_001
+    assert fee_sol_before - _lamports(chain.devnet, chain.fee_payer) == 10_001
     status = (
         Client(chain.rpc_url).get_signature_statuses([Signature.from_string(settled.transaction)]).value[0]
     )
@@ -220,7 +227,7 @@ async def test_client_transaction_shape_and_payee_account(chain: Chain) -> None:
     rejected = await chain.facilitator.verify(payload, requirements)
     assert (rejected.is_valid, rejected.invalid_reason) == (False, ERR_SIMULATION_FAILED)
 
-    chain.devnet.ensure_token_account(pay_to)
+    chain.devnet.mint_to(pay_to, 0)  # creates the token account
     settled = await chain.facilitator.settle(payload, requirements)
     assert settled.success, settled.error_message
     assert chain.balance(pay_to) == PRICE
@@ -475,9 +482,10 @@ async def test_sdk_rpc_signer_confirms_a_failed_transaction() -> None:
 
 
 def test_signer_refuses_other_networks() -> None:
-    devnet = SolanaDevnet(fee_payer=Keypair(), mint_authority=Keypair())
+    fee_payer = Keypair()
+    devnet = SolanaDevnet(fee_payer=fee_payer, mint_authority=Keypair())
     signer = devnet.facilitator_signer()
-    assert signer.get_addresses() == [devnet.fee_payer_address]
+    assert signer.get_addresses() == [str(fee_payer.pubkey())]
     with pytest.raises(ValueError, match="only runs"):
         signer.simulate_transaction("", SOLANA_MAINNET_CAIP2)
     with pytest.raises(ValueError, match="only runs"):
@@ -501,7 +509,7 @@ def test_rpc_answers_solana_py_shapes() -> None:
         many = rpc.get_multiple_accounts([mint, Keypair().pubkey()]).value
         assert many[0] is not None and many[1] is None
 
-        ata = Pubkey.from_string(devnet.token_account(str(payer.pubkey())))
+        ata = get_associated_token_address(payer.pubkey(), mint, TOKEN_PROGRAM)
         balance = rpc.get_token_account_balance(ata).value
         assert (balance.amount, balance.decimals, balance.ui_amount_string) == ("1500000", 6, "1.5")
         assert rpc.get_token_supply(mint).value.amount == "1500000"
@@ -560,6 +568,43 @@ def test_rpc_answers_solana_py_shapes() -> None:
             "space",
         }
         assert account["result"]["value"]["data"][1] == "base64"
+
+
+def test_base58_account_data_and_transactions() -> None:
+    """Solana's legacy encodings: account data as base58 ("binary" unwrapped), base58 transactions."""
+    devnet = SolanaDevnet(fee_payer=Keypair(), mint_authority=Keypair())
+    mint = SolanaDevnet.USDC_MINT
+
+    def data(config: dict[str, Any]) -> Any:
+        return devnet.rpc("getAccountInfo", [mint, config])["result"]["value"]["data"]
+
+    raw = base64.b64decode(data({"encoding": "base64"})[0])
+    assert len(raw) == 82
+    encoded, encoding = data({"encoding": "base58"})
+    assert encoding == "base58" and decode_base58(encoded) == raw
+    assert data({"encoding": "binary"}) == encoded
+    # A mint without a freeze authority ends in 36 zero bytes: one "1" each.
+    assert data({"encoding": "base58", "dataSlice": {"offset": 46, "length": 36}}) == ["1" * 36, "base58"]
+    assert data({"encoding": "base58", "dataSlice": {"offset": 0, "length": 0}}) == ["", "base58"]
+
+    sender, someone = Keypair(), Keypair().pubkey()
+    devnet.airdrop(str(sender.pubkey()), 1_000_000)
+    blockhash = devnet.rpc("getLatestBlockhash", [])["result"]["value"]["blockhash"]
+    from solders.hash import Hash
+    from solders.system_program import TransferParams, transfer
+
+    message = MessageV0.try_compile(
+        sender.pubkey(),
+        [transfer(TransferParams(from_pubkey=sender.pubkey(), to_pubkey=someone, lamports=9))],
+        [],
+        Hash.from_string(blockhash),
+    )
+    tx = VersionedTransaction(message, [sender])
+    sent = devnet.rpc("sendTransaction", [encode_base58(bytes(tx))])  # base58: Solana's default
+    assert sent == {"result": str(tx.signatures[0])}
+    assert devnet.rpc("getBalance", [str(someone)])["result"]["value"] == 9
+    garbled = devnet.rpc("sendTransaction", [encode_base58(bytes(tx)) + "0"])["error"]  # 0 is not base58
+    assert garbled["code"] == -32602
 
 
 async def test_timings_are_recorded(capsys: pytest.CaptureFixture[str]) -> None:

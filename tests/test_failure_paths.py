@@ -7,9 +7,9 @@ import pytest
 from eth_account import Account
 
 from payments.networks import BASE_SEPOLIA
+from tests.support.hooked_resources import Hooked
 from tests.support.live_server import LiveServer
 from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, receipt, sign
-from tests.support.test_resources import Hooked
 
 
 def _fresh_payer(server: LiveServer, funds: int) -> tuple[str, str]:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
-from skills.models.catalog import load_catalog
+from skills.models import ProviderAccess, load_catalog
 from skills.models.model_skills import build_model_skills
 from skills.models.upstream import UpstreamClient
 from skills.resource_context import ResourceContext
@@ -201,7 +201,8 @@ def test_without_a_provider_key_it_is_503_before_any_quote(server: LiveServer) -
 
 
 def _context(env: dict[str, str]) -> ResourceContext:
-    skills = {s.id: s for s in build_model_skills(load_catalog(), UpstreamClient(), env)}
+    providers = {"openai": ProviderAccess(api_key=env.get("OPENAI_API_KEY"))}
+    skills = {s.id: s for s in build_model_skills(load_catalog(), UpstreamClient(), providers)}
     return ResourceContext(environ=env, find_skill=skills.get)
 
 

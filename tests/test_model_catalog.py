@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -11,13 +13,19 @@ from typing import Any
 import pytest
 from genai_prices import Usage, calc_price
 
-from skills.models.catalog import (
+from skills.errors import UpstreamError
+from skills.models import (
     OPERATIONS,
     TOKEN_OPERATIONS,
     Catalog,
+    CatalogError,
     ModelSpec,
+    ProviderAccess,
+    ProviderVariables,
     load_catalog,
 )
+from skills.models.model_skills import OPERATION_FACTORIES, build_model_skills, model_targets
+from skills.models.upstream import Target, UpstreamClient
 
 MILLION = Decimal(1_000_000)
 CHAT_ROUTE_MAX_USD = Decimal("0.50")
@@ -74,8 +82,12 @@ def test_at_least_80_sellable_models_across_10_providers(catalog: Catalog) -> No
 def test_every_sellable_model_is_priced_above_zero_for_each_operation(catalog: Catalog) -> None:
     for model in catalog.models.values():
         for op in model.operations:
-            assert model.price_for(op), (model.id, op)
-        assert not model.price_for("not-an-operation")
+            assert model.prices.covers(op), (model.id, op)
+        assert not model.prices.covers("not-an-operation")
+
+
+def test_every_operation_of_the_table_has_an_implementation() -> None:
+    assert set(OPERATION_FACTORIES) == OPERATIONS
 
 
 def test_token_models_have_limits_and_a_default_quote_under_the_route_maximum(catalog: Catalog) -> None:
@@ -247,9 +259,9 @@ def test_a_model_without_a_price_is_left_out_with_a_warning(tmp_path: Path) -> N
 
 def test_availability_names_the_variables_that_would_enable_a_model(catalog: Catalog) -> None:
     assert catalog.available("gpt-4o-mini", {}) == (False, ["OPENAI_API_KEY", "OPENROUTER_API_KEY"])
-    assert catalog.available("gpt-4o-mini", {"OPENAI_API_KEY": "  "}) == (False, ["OPENAI_API_KEY",
-                                                                                  "OPENROUTER_API_KEY"])
-    assert catalog.available("gpt-4o-mini", {"OPENROUTER_API_KEY": "sk-or"}) == (True, [])
+    assert catalog.available("gpt-4o-mini", {"openai": ProviderAccess(api_key="")}) == (
+        False, ["OPENAI_API_KEY", "OPENROUTER_API_KEY"])
+    assert catalog.available("gpt-4o-mini", {"openrouter": ProviderAccess(api_key="sk-or")}) == (True, [])
     assert catalog.available("claude-sonnet-4-5", {})[1] == ["ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"]
     assert catalog.available("elevenlabs/sound-effects", {}) == (False, ["ELEVENLABS_API_KEY"])
     assert catalog.available("local/llama3.2", {}) == (True, [])  # a local server needs no key
@@ -257,8 +269,28 @@ def test_availability_names_the_variables_that_would_enable_a_model(catalog: Cat
         catalog.available("no-such-model", {})
 
 
+def test_the_catalog_names_each_providers_variables_and_reads_none(catalog: Catalog) -> None:
+    variables = catalog.provider_variables()
+    assert set(variables) == set(catalog.providers)
+    assert variables["openai"] == ProviderVariables(api_key="OPENAI_API_KEY", base_url="OPENAI_BASE_URL")
+    assert variables["local"] == ProviderVariables(api_key="LOCAL_LLM_API_KEY", base_url="LOCAL_LLM_BASE_URL")
+    assert "sk-secret" not in repr(ProviderAccess(api_key="sk-secret"))  # a key never reaches a log line
+
+
+def test_the_assembly_reads_provider_access_from_the_environment(catalog: Catalog) -> None:
+    from agent.app import provider_access
+
+    access = provider_access(catalog, {"OPENAI_API_KEY": " sk-test ", "OPENROUTER_API_KEY": "  ",
+                                       "LOCAL_LLM_BASE_URL": "http://127.0.0.1:8080/v1"})
+    assert set(access) == set(catalog.providers)
+    assert access["openai"] == ProviderAccess(api_key="sk-test")
+    assert access["openrouter"] == ProviderAccess()  # blank is unset
+    assert access["local"] == ProviderAccess(base_url="http://127.0.0.1:8080/v1")
+
+
 def test_provider_presets_and_base_url_override(catalog: Catalog) -> None:
     p = catalog.providers
+    none = ProviderAccess()
     expected = {
         "openai": ("https://api.openai.com/v1", "OPENAI_API_KEY"),
         "openrouter": ("https://openrouter.ai/api/v1", "OPENROUTER_API_KEY"),
@@ -273,19 +305,17 @@ def test_provider_presets_and_base_url_override(catalog: Catalog) -> None:
         "elevenlabs": ("https://api.elevenlabs.io", "ELEVENLABS_API_KEY"),
     }
     for key, (url, key_env) in expected.items():
-        assert (p[key].resolved_base_url({}), p[key].api_key_env, p[key].key_required) == (url, key_env, True)
+        assert (p[key].url(none), p[key].api_key_env, p[key].key_required) == (url, key_env, True)
         assert p[key].kind == ("elevenlabs" if key == "elevenlabs" else "openai")
-    assert p["openai"].resolved_base_url({"OPENAI_BASE_URL": "http://127.0.0.1:9911/v1/"}) == (
-        "http://127.0.0.1:9911/v1")
-    assert p["openai"].api_key({"OPENAI_API_KEY": "sk-test"}) == "sk-test"
-    assert p["openai"].api_key({}) is None
+        assert not p[key].usable(none) and p[key].usable(ProviderAccess(api_key="k"))
+    assert p["openai"].url(ProviderAccess(base_url="http://127.0.0.1:9911/v1/")) == "http://127.0.0.1:9911/v1"
     # the field each chat API takes the output cap in when the caller names none: OpenAI's refuses
     # max_tokens for its reasoning models, the others take max_tokens
     assert {key: spec.cap_field for key, spec in p.items()} == {
         key: "max_completion_tokens" if key == "openai" else "max_tokens" for key in p}
     local = p["local"]
-    assert (local.key_required, local.resolved_base_url({})) == (False, "http://127.0.0.1:11434/v1")
-    assert local.resolved_base_url({"LOCAL_LLM_BASE_URL": "http://127.0.0.1:8080/v1"}) == "http://127.0.0.1:8080/v1"
+    assert (local.key_required, local.usable(none), local.url(none)) == (False, True, "http://127.0.0.1:11434/v1")
+    assert local.url(ProviderAccess(base_url="http://127.0.0.1:8080/v1")) == "http://127.0.0.1:8080/v1"
 
 
 # --- strict validation ---------------------------------------------------------------------------------
@@ -315,12 +345,78 @@ def _set(path: str, value: Any) -> Any:
     (_set("context_window", "big"), "context_window"),
     (_set("colour", "red"), "colour"),
 ])
-def test_validation_errors_name_the_model_and_field(tmp_path: Path, mutate: Any, field: str) -> None:
+def test_validation_errors_name_the_file_the_model_and_field(tmp_path: Path, mutate: Any, field: str) -> None:
     doc = base_document()
     mutate(doc)
-    with pytest.raises(ValueError) as error:
-        load_catalog(write(tmp_path, doc), use_genai_prices=False)
-    assert "m-chat" in str(error.value) and field in str(error.value), str(error.value)
+    path = write(tmp_path, doc)
+    with pytest.raises(CatalogError) as error:
+        load_catalog(path, use_genai_prices=False)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and f"model 'm-chat' field '{field}" in message, message
+    assert len(error.value.problems) == 1, message
+
+
+def test_one_error_lists_every_problem_of_the_file_and_what_is_accepted(tmp_path: Path) -> None:
+    doc = base_document()
+    doc["providers"]["openai"]["kind"] = "grpc"
+    doc["models"][0].update(colour="red", default_max_tokens=8192)
+    doc["models"][0]["prices"]["input_per_mtok"] = 0.5
+    doc["models"].append({"id": "m-embed", "name": "E", "family": "local", "operations": ["embeddings"],
+                          "context_window": 512, "max_output_tokens": 10,
+                          "upstreams": [{"provider": "nowhere", "model": "e"}],
+                          "prices": {"input_per_mtok": "0.02", "per_image": {"1024x1024": "0.04"}}})
+    doc["models"].append({"id": "m-sound", "name": "S", "family": "local",
+                          "operations": ["audio.generations"], "prices": {"per_call": "0.01"},
+                          "upstreams": [{"provider": "local", "model": "s"}]})
+    path = write(tmp_path, doc)
+    with pytest.raises(CatalogError) as error:
+        load_catalog(path, use_genai_prices=False)
+    assert error.value.path == path
+    assert error.value.problems == [
+        "provider 'openai' field 'kind': input should be 'openai' or 'elevenlabs', got 'grpc'",
+        "model 'm-chat' field 'prices.input_per_mtok': must be a decimal string such as \"0.15\" "
+        "(not a JSON number), got 0.5",
+        "model 'm-chat' field 'colour': unknown field (known: id, name, family, operations, context_window, "
+        "default_max_tokens, max_output_tokens, upstreams, prices, notes)",
+        "model 'm-embed' field 'max_output_tokens': only models that generate tokens (chat, completions, "
+        "edits) have output limits",
+        "model 'm-embed' field 'upstreams[0].provider': unknown provider 'nowhere' (known: openai, local)",
+        "model 'm-embed' field 'prices.per_image': not used by any of the model's operations "
+        "(embeddings: input_per_mtok)",
+        "model 'm-sound' field 'upstreams[0].provider': audio.generations needs a provider of kind "
+        "'elevenlabs'",
+    ]
+    assert str(error.value).startswith(f"{path}: 7 problems in the model table:\n  - provider 'openai'")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("{not json", "cannot read the model table"),
+    ("[]", "the model table must be a JSON object"),
+    ('{"providers": {}, "models": []}', "top level field 'providers': must not be empty"),
+    ('{"providers": {"p": {}}, "models": [], "version": 1, "extra": 1}',
+     "top level field 'extra': unknown field (known: version, notes, providers, models)"),
+])
+def test_a_broken_file_is_one_clear_error(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "models.json"
+    path.write_text(text)
+    with pytest.raises(CatalogError, match=re.escape(problem)) as error:
+        load_catalog(path)
+    assert str(error.value).startswith(f"{path}: ")
+
+
+def test_a_bad_model_table_stops_startup_with_a_configuration_error(tmp_path: Path) -> None:
+    from agent.app import build_registry
+    from agent.settings import ConfigError, Settings
+
+    doc = base_document()
+    doc["models"][0]["context_window"] = "big"
+    doc["models"][0]["upstreams"] = []
+    settings = Settings.from_env({"PAYWIRE_MODELS_FILE": str(write(tmp_path, doc)),
+                                  "PAYWIRE_DATA_DIR": str(tmp_path)})
+    with pytest.raises(ConfigError) as error:
+        build_registry(settings, UpstreamClient())
+    assert "2 problems" in str(error.value) and "'context_window'" in str(error.value)
+    assert "'upstreams': must not be empty" in str(error.value)
 
 
 def test_validation_of_ids_providers_and_kinds(tmp_path: Path) -> None:
@@ -369,3 +465,50 @@ def test_upstream_cost_takes_the_margin_off_and_fits_the_ledger_column() -> None
     assert marked.upstream_cost(sold) == (Decimal(1234) * plain.prices.input_per_mtok
                                           / 1_000_000).quantize(Decimal("1e-10"))
     assert len(str(marked.upstream_cost(Decimal(1) / Decimal(3)))) <= 32
+
+
+# --- model skills: provider access in, targets built once ------------------------------------------------
+
+
+def test_targets_follow_the_upstream_order_and_the_access_given(catalog: Catalog) -> None:
+    spec = catalog.models["gpt-4o-mini"]
+    assert model_targets(catalog, spec, {}) == ()
+    both = {"openai": ProviderAccess(api_key="sk-o", base_url="http://127.0.0.1:9911/v1/"),
+            "openrouter": ProviderAccess(api_key="sk-or")}
+    assert model_targets(catalog, spec, both) == (
+        Target("openai", "http://127.0.0.1:9911/v1", "gpt-4o-mini", "sk-o", "max_completion_tokens"),
+        Target("openrouter", "https://openrouter.ai/api/v1", "openai/gpt-4o-mini", "sk-or", "max_tokens"))
+    # a keyless local server is always a target, at its base URL override when given
+    local = catalog.models["local/llama3.2"]
+    assert [t.base_url for t in model_targets(catalog, local, {})] == ["http://127.0.0.1:11434/v1"]
+    assert [t.base_url for t in model_targets(
+        catalog, local, {"local": ProviderAccess(base_url="http://127.0.0.1:8080/v1")})] == [
+        "http://127.0.0.1:8080/v1"]
+
+
+def test_an_unconfigured_model_is_listed_and_refused_before_any_quote(catalog: Catalog) -> None:
+    skills = {s.id: s for s in build_model_skills(catalog, UpstreamClient(),
+                                                  {"openai": ProviderAccess(api_key="sk-o")})}
+    assert len(skills) == len(catalog.models)
+    body = {"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "hi"}]}
+    claude = skills["claude-sonnet-4-5"]
+    info = claude.info() if claude.info else {}
+    assert (info["available"], info["enable_with"]) == (False, ["ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"])
+    claude.validate(body)  # validated as usual (a bad body is still a 400 first)
+    for call in (lambda: claude.price(body), lambda: asyncio.run(claude.operation().run(body))):
+        with pytest.raises(UpstreamError, match="set ANTHROPIC_API_KEY or OPENROUTER_API_KEY") as refused:
+            call()
+        assert refused.value.status == 503
+    mini = skills["gpt-4o-mini"]
+    assert mini.info and mini.info()["available"] is True and "enable_with" not in mini.info()
+    assert mini.price({**body, "model": "gpt-4o-mini"}) > 0
+
+
+def test_a_free_model_costs_nothing_but_still_needs_its_provider(catalog: Catalog) -> None:
+    free = frozenset({"gpt-4o-mini", "deepseek-chat"})
+    skills = {s.id: s for s in build_model_skills(catalog, UpstreamClient(),
+                                                  {"openai": ProviderAccess(api_key="sk-o")}, free=free)}
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert skills["gpt-4o-mini"].price(body) == 0
+    with pytest.raises(UpstreamError, match="DEEPSEEK_API_KEY"):
+        skills["deepseek-chat"].price(body)

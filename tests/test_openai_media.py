@@ -450,7 +450,7 @@ def test_upstream_timeout_is_504(env: Env) -> None:
     spec = CATALOG.models["elevenlabs/sound-effects"]
     target = Target("elevenlabs", env.upstream.root_url, "eleven_text_to_sound_v2", KEY)
     client = UpstreamClient(read_timeout=0.2, retries_per_upstream=0)
-    op = FACTORIES["audio.generations"](spec, lambda: [target], client)
+    op = FACTORIES["audio.generations"](spec, (target,), client)
     env.upstream.behaviour.delay = 1.0
 
     async def go() -> None:
@@ -565,7 +565,7 @@ def test_image_sizes_read_from_the_headers_and_their_tokens() -> None:
 
 
 def test_multipart_parsing() -> None:
-    body = (b"preamble\r\n--xyz\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n"
+    body = (b"--xyz\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n"
             b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; "
             b"filename=\"r\xc3\xa9sum\xc3\xa9.wav\"\r\n"
             b"Content-Type: audio/wav\r\n\r\n\r\n--xy\x00\xff\r\n"
@@ -579,8 +579,9 @@ def test_multipart_parsing() -> None:
     assert payload["temperature"] == 0.5
     # the request digest (json.dumps) sees the file's description, not its bytes
     assert json.loads(json.dumps(payload))["file"]["sha256"] == upload["sha256"]
+    many = b"--xyz\r\nContent-Disposition: form-data; name=\"n\"\r\n\r\n1\r\n" * 65 + b"--xyz--\r\n"
     for bad in (b"", b"--xyz\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\nno end",
-                b"--xyz\r\nX-Other: 1\r\n\r\nv\r\n--xyz--"):
+                b"--xyz\r\nX-Other: 1\r\n\r\nv\r\n--xyz--", b"preamble\r\n" + body, many):
         with pytest.raises(FormError):
             parse_multipart("multipart/form-data; boundary=xyz", bad)
     with pytest.raises(FormError):

@@ -26,8 +26,8 @@ from x402.mechanisms.evm.signers import EthAccountSigner
 
 from payments.money import usd_to_atomic
 from skills.errors import UpstreamError
-from skills.models.catalog import ModelSpec, load_catalog
-from skills.models.chat import MIN_USD, chat_price
+from skills.models import ModelSpec, load_catalog
+from skills.models.chat import chat_price
 from skills.models.text_ops import (
     completions_price,
     edit_messages,
@@ -35,6 +35,7 @@ from skills.models.text_ops import (
     embeddings_price,
     make_embeddings_operation,
 )
+from skills.models.token_quotes import MIN_USD
 from skills.models.upstream import Target, UpstreamClient
 from tests.support.model_env import Env
 from tests.support.openai_upstream import embedding_vector, reply_text
@@ -320,7 +321,7 @@ def test_upstream_timeout_is_a_504(env: Env) -> None:
 
     async def go() -> UpstreamError:
         client = UpstreamClient(read_timeout=0.1, backoff_seconds=0)
-        op = make_embeddings_operation(_spec(EMBEDDING_MODEL), lambda: targets, client)
+        op = make_embeddings_operation(_spec(EMBEDDING_MODEL), targets, client)
         try:
             with pytest.raises(UpstreamError) as caught:
                 await op.run({"model": EMBEDDING_MODEL, "input": "hi"})

@@ -27,10 +27,11 @@ from x402.schemas import PaymentRequired
 
 from payments.codec import decode_base64_any
 from payments.money import usd_to_atomic
-from skills.models.catalog import ModelSpec, load_catalog
-from skills.models.chat import MAX_USD, chat_price
+from skills.models import ModelSpec, load_catalog
+from skills.models.chat import chat_price
 from skills.models.media_ops import UploadedFile, image_price, speech_price, transcription_price
 from skills.models.text_ops import completions_price, edits_price
+from skills.models.token_quotes import MAX_USD
 from skills.tokens import estimate_tokens
 from tests.support.model_env import Env
 from tests.support.openai_upstream import tiny_png

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -436,7 +436,8 @@ class FakeModel:
                  max_output_tokens: int = 1000) -> None:
         self.answers = list(answers)
         self.requests: list[dict[str, Any]] = []
-        spec = SimpleNamespace(id="fake-chat", max_output_tokens=max_output_tokens)
+        spec = replace(SPEC, id="fake-chat", max_output_tokens=max_output_tokens,
+                       default_max_tokens=min(SPEC.default_max_tokens or 1, max_output_tokens))
 
         async def run(body: dict[str, Any]) -> SkillResult:
             self.requests.append(body)

@@ -51,7 +51,7 @@ SHOUT = {
     "categories": ["Developer"], "price": "0.001", "method": "POST",
     "input_schema": {"type": "object", "required": ["text"],
                      "properties": {"text": {"type": "string", "maxLength": 100}}},
-    "kind": "python", "handler": "tests.support.test_resources:shout",
+    "kind": "python", "handler": "tests.support.hooked_resources:shout",
 }
 
 
@@ -150,9 +150,9 @@ def test_the_checker_explains_kind_problems() -> None:
     assert "field 'upstream.base_url' must be an http(s) URL, got 'ftp://x'" in problems
     assert "field 'upstream.path' must start with '/', got 'candles'" in problems
     assert "field 'upstream.api_key_env' must be a non-empty string" in problems
-    assert check_resource({**SHOUT, "handler": "tests.support.test_resources:nothing"}) == [
-        "field 'handler' 'tests.support.test_resources:nothing' cannot be loaded: "
-        "module 'tests.support.test_resources' has no 'nothing'"]
+    assert check_resource({**SHOUT, "handler": "tests.support.hooked_resources:nothing"}) == [
+        "field 'handler' 'tests.support.hooked_resources:nothing' cannot be loaded: "
+        "module 'tests.support.hooked_resources' has no 'nothing'"]
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ def published_package(tmp_path: Path, acme: NansenUpstream) -> Iterator[Path]:
         "def more():\n"
         "    return [{'id': 'acme-more', 'name': 'More', 'description': 'More of it.',\n"
         "             'categories': ['Developer'], 'price': '0.002', 'method': 'POST',\n"
-        "             'kind': 'python', 'handler': 'tests.support.test_resources:shout'}]\n")
+        "             'kind': 'python', 'handler': 'tests.support.hooked_resources:shout'}]\n")
     (package / "candles.json").write_text(json.dumps(_forward_resource(acme.url)))
     info = tmp_path / "acme_paywire-1.0.dist-info"
     info.mkdir()

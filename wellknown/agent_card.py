@@ -33,13 +33,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent.catalogue import Catalogue, fixed_price_text
+from agent.a2a_messages import X402_EXTENSION
+from agent.catalogue import HELP_SKILL, Catalogue, fixed_price_text
 
 if TYPE_CHECKING:
     from skills.skill import Skill
 
-X402_EXTENSION = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
-HELP_SKILL = "help"
 CARD_PATH = "/.well-known/agent-card.json"
 LEGACY_CARD_PATH = "/.well-known/agent.json"
 CATALOGUE_PATH = "/api/marketplace/apis"

@@ -5,6 +5,10 @@
 (LiteSVM, real SPL Token program, the devnet USDC mint). Testnet ids only, so a devnet
 signature is worthless on any real chain. Chain state lives in memory: a restart starts afresh
 (the ledger, in the database, is kept).
+
+The EVM chain needs py-evm and eth-tester, the optional extra `paywire[devnet]` (`make serve`
+installs it; a production install does not): without it `Devnet()` raises `DevnetNotInstalled`,
+which says how to install it. Nothing here imports them until a Devnet is built.
 """
 
 from __future__ import annotations
@@ -17,7 +21,12 @@ from ..processor import PayTo
 from .keys import DevnetKeys
 
 DEMO_PAYER_FUNDS = 100_000_000  # 100 USDC, in atomic units
-GAS_WEI = 10**20
+# The top-level modules of the `devnet` extra (py-evm is imported as `eth`).
+_EXTRA_MODULES = frozenset({"eth", "eth_tester"})
+
+
+class DevnetNotInstalled(RuntimeError):
+    """The devnet's EVM chain needs the optional extra `paywire[devnet]`, which is not installed."""
 
 
 @dataclass
@@ -32,12 +41,11 @@ class Devnet:
     def __init__(self, keys: DevnetKeys, *, demo_payer_funds: int = DEMO_PAYER_FUNDS,
                  evm: Any | None = None) -> None:
         """`evm` replaces the default EVM chain (tests put Circle's FiatToken there)."""
-        from .evm import EvmDevnet
         from .solana import SolanaDevnet
 
         self.keys = keys
-        self.evm = evm or EvmDevnet(facilitator_key=keys.evm_facilitator,
-                                    minter_key=keys.evm_minter)
+        self.evm = evm or _evm_devnet_class()(facilitator_key=keys.evm_facilitator,
+                                               minter_key=keys.evm_minter)
         self.solana = SolanaDevnet(
             fee_payer=DevnetKeys.sol_keypair(keys.sol_fee_payer),
             mint_authority=DevnetKeys.sol_keypair(keys.sol_mint_authority),
@@ -78,3 +86,22 @@ class Devnet:
             self.evm.balance_of(self.keys.evm_merchant_address),
             self.solana.token_balance(self.keys.sol_merchant_address),
         )
+
+
+def check_installed() -> None:
+    """Raise DevnetNotInstalled, saying how to install it, unless the `devnet` extra is here."""
+    _evm_devnet_class()
+
+
+def _evm_devnet_class() -> Any:
+    try:
+        from .evm import EvmDevnet
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in _EXTRA_MODULES:
+            raise
+        raise DevnetNotInstalled(
+            f"the local devnet needs the optional extra paywire[devnet] ({exc.name} is not "
+            "installed): run `pip install 'paywire[devnet]'` (or `make serve`), or set "
+            "PAYWIRE_NETWORKS to serve real networks"
+        ) from exc
+    return EvmDevnet

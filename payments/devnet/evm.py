@@ -7,13 +7,19 @@ address). A devnet signature is therefore also valid on Base Sepolia for that pa
 fund throwaway keys here.
 
 Shape of the chain:
-- Every access goes through `EvmDevnet.rpc`, a JSON-RPC endpoint producing wire-format
-  responses, under one re-entrant lock (eth-tester is not thread-safe). The in-process `w3`,
-  the facilitator signer and the HTTP route all use it, so there is a single code path.
-- Blocks track wall-clock time: before serving a request the devnet mines an empty block if
-  the head is older than Base's block time. eth-tester would otherwise keep the timestamp of
-  the last mined block (or the moment the pending block was opened), and after any idle period
-  EIP-3009 windows would be checked against a stale clock.
+- Every access goes through `EvmDevnet.rpc`, one JSON-RPC call answered in wire format, under
+  one re-entrant lock (eth-tester is not thread-safe). The in-process `w3`, the facilitator
+  signer and the HTTP route (through `jsonrpc.answer`) all use it: a single code path.
+- Blocks carry the wall clock's second, never a later one. Every transaction is mined at once
+  in a block of its own (settlement is final when `eth_sendRawTransaction` returns), so several
+  blocks may share a second: py-evm's "strictly later than the parent" rule is relaxed to "not
+  earlier" (Hardhat's `allowBlocksWithSameTimestamp`). With the strict rule each block took the
+  next second and above one transaction per second the chain ran ahead of the wall clock,
+  until every new EIP-3009 authorization (validBefore = now + 300) was already expired.
+- Idle time passes too: before serving a request the devnet mines an empty block if the head is
+  older than Base's block time. eth-tester would otherwise keep the timestamp of the last mined
+  block (or the moment the pending block was opened), and after any idle period EIP-3009
+  windows would be checked against a stale clock.
 - `eth_call`/`eth_estimateGas` without fee fields run with a zero base fee, as geth does, so
   read-only calls from unfunded accounts (payers, the zero address) work.
 """
@@ -24,10 +30,10 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from eth.abc import BlockHeaderAPI, VirtualMachineAPI
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_tester import EthereumTester, PyEVMBackend
@@ -42,6 +48,7 @@ from web3.types import RPCEndpoint, RPCResponse
 from x402.mechanisms.evm.signer import FacilitatorEvmSigner
 
 from ..signers import ResilientFacilitatorWeb3Signer
+from . import jsonrpc
 
 ARTIFACT_PATH = Path(__file__).resolve().parent / "contracts" / "DevUSDC.json"
 
@@ -113,7 +120,11 @@ class _DevnetBackend(PyEVMBackend):
     def reset_to_genesis(self, *args: Any, **kwargs: Any) -> None:
         super().reset_to_genesis(*args, **kwargs)
         # setup_tester_chain defines a fresh chain class per call, so this touches only ours.
-        type(self.chain).chain_id = self._chain_id
+        chain_class = type(self.chain)
+        chain_class.chain_id = self._chain_id
+        chain_class.vm_configuration = tuple(
+            (block, _same_second_blocks(vm)) for block, vm in chain_class.vm_configuration
+        )
 
     def call(self, transaction: dict[str, Any], block_number: Any = "latest") -> bytes:
         # eth-tester's call() reduces revert data to a message; keep the raw bytes.
@@ -147,6 +158,21 @@ class _DevnetBackend(PyEVMBackend):
         return super().estimate_gas(tx, block_number)
 
 
+def _same_second_blocks(vm_class: type[VirtualMachineAPI]) -> type[VirtualMachineAPI]:
+    """`vm_class` with blocks allowed in their parent's second (never in an earlier one)."""
+
+    class SameSecondVM(vm_class):  # type: ignore[valid-type, misc]
+        @classmethod
+        def validate_header(cls, header: BlockHeaderAPI, parent_header: BlockHeaderAPI) -> None:
+            if parent_header is not None and header.timestamp == parent_header.timestamp:
+                # Every other rule still applies: check against a parent one second older.
+                parent_header = parent_header.copy(timestamp=parent_header.timestamp - 1)
+            super().validate_header(header, parent_header)
+
+    SameSecondVM.__name__ = SameSecondVM.__qualname__ = f"SameSecond{vm_class.__name__}"
+    return SameSecondVM
+
+
 def _without_fees(tx: dict[str, Any]) -> bool:
     return not any(k in tx for k in ("gas_price", "max_fee_per_gas", "max_priority_fee_per_gas"))
 
@@ -175,13 +201,6 @@ def _from_wire_tx(tx: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in tx.items() if v is not None}
 
 
-def _error(code: int, message: str, data: str | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return error
-
-
 class _DevnetProvider(BaseProvider):
     """web3 provider that answers from `EvmDevnet.rpc`, exactly as an HTTP client would see."""
 
@@ -192,7 +211,7 @@ class _DevnetProvider(BaseProvider):
     def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
         # Round-trip through JSON so in-process callers send what an HTTP client would.
         wire_params = json.loads(Web3.to_json(list(params)))
-        return self._devnet.rpc(str(method), wire_params)  # type: ignore[return-value]
+        return jsonrpc.response(self._devnet.rpc(str(method), wire_params), 1)  # type: ignore[return-value]
 
     def is_connected(self, show_traceback: bool = False) -> bool:
         return True
@@ -284,59 +303,29 @@ class EvmDevnet:
         return self._w3
 
     @property
-    def facilitator_address(self) -> str:
-        return self._facilitator.address
-
-    @property
     def minter_address(self) -> str:
         return self._minter.address
 
-    @cached_property
-    def abi(self) -> list[dict[str, Any]]:
-        """DevUSDC's ABI."""
-        return list(self._artifact["abi"])
-
-    def rpc(self, method: str, params: list[Any], request_id: Any = 1) -> dict[str, Any]:
-        """Serve one JSON-RPC call; returns the full response body (result or error)."""
-        body: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+    def rpc(self, method: str, params: list[Any]) -> jsonrpc.Answer:
+        """Answer one JSON-RPC call: `{"result": ...}` or `{"error": ...}`, in wire format."""
         namespace, _, _ = method.partition("_")
-        if namespace not in _SERVED_NAMESPACES or method in _UNSERVED_METHODS:
-            body["error"] = _error(-32601, f"the method {method} does not exist/is not available")
-            return body
         handler = self._endpoints.get(method)
-        if handler is None:
-            body["error"] = _error(-32601, f"the method {method} does not exist/is not available")
-            return body
+        if namespace not in _SERVED_NAMESPACES or method in _UNSERVED_METHODS or handler is None:
+            return jsonrpc.error(
+                jsonrpc.METHOD_NOT_FOUND, f"the method {method} does not exist/is not available"
+            )
         try:
             with self._lock:
                 self._keep_clock()
-                body["result"] = handler(list(params or []))
+                return jsonrpc.result(handler(list(params or [])))
         except (_RevertError, TransactionFailed) as exc:
             data = exc.data if isinstance(exc, _RevertError) else _failed_data(exc)
             message = _revert_message(data) if data else f"execution reverted: {exc}"
-            body["error"] = _error(3, message, "0x" + data.hex())
+            return jsonrpc.error(3, message, "0x" + data.hex())
         except NotImplementedError:
-            body["error"] = _error(-32601, f"the method {method} is not implemented")
+            return jsonrpc.error(jsonrpc.METHOD_NOT_FOUND, f"the method {method} is not implemented")
         except Exception as exc:  # validation errors: bad nonce, no funds, malformed params
-            body["error"] = _error(-32000, str(exc) or type(exc).__name__)
-        return body
-
-    def handle(self, request: Any) -> Any:
-        """Serve a decoded JSON-RPC request body (single or batch) for the HTTP route."""
-        if isinstance(request, list):
-            if not request:
-                return {"jsonrpc": "2.0", "id": None, "error": _error(-32600, "empty batch")}
-            return [self.handle(item) for item in request]
-        if not isinstance(request, dict) or not isinstance(request.get("method"), str):
-            return {"jsonrpc": "2.0", "id": None, "error": _error(-32600, "invalid request")}
-        params = request.get("params") or []
-        if not isinstance(params, list):
-            return {
-                "jsonrpc": "2.0",
-                "id": request.get("id"),
-                "error": _error(-32602, "params must be an array"),
-            }
-        return self.rpc(request["method"], params, request.get("id"))
+            return jsonrpc.error(-32000, str(exc) or type(exc).__name__)
 
     def facilitator_signer(self) -> FacilitatorEvmSigner:
         """The SDK's FacilitatorWeb3Signer for the facilitator key, talking to this chain."""
@@ -420,11 +409,20 @@ class EvmDevnet:
         head = chain.get_canonical_head()
         if now - head.timestamp >= BLOCK_TIME_SECONDS:
             # An empty block stamped now, like the ones Base seals every 2 s while we idled.
-            chain.header = chain.header.copy(timestamp=max(head.timestamp + 1, now))
+            chain.header = chain.header.copy(timestamp=now)
             self._tester.mine_blocks(1)
-            head = chain.get_canonical_head()
-        # The pending block carries the time it is used, not the time it was opened.
-        stamp = max(head.timestamp + 1, now)
+        self._stamp_pending_block()
+
+    def _stamp_pending_block(self) -> None:
+        """Stamp the block about to take a transaction with the clock's second.
+
+        eth-tester opens it at max(now, head + 1): one second ahead whenever the head was mined
+        this second. Blocks may share a second here (see `_same_second_blocks`), so the head's
+        own second is as early as it may go, and a clock behind the head (a test's) never
+        stamps a block before its parent.
+        """
+        chain = self._backend.chain
+        stamp = max(chain.get_canonical_head().timestamp, int(self._clock()))
         if chain.header.timestamp != stamp:
             chain.header = chain.header.copy(timestamp=stamp)
 
@@ -450,6 +448,7 @@ class EvmDevnet:
         queue = self._queued.get(sender, {})
         nonce = tx.nonce + 1
         while nonce in queue:
+            self._stamp_pending_block()  # each is mined in a block of its own
             try:
                 self._tester.send_raw_transaction("0x" + queue.pop(nonce).hex())
             except Exception:

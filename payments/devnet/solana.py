@@ -58,7 +58,11 @@ from solders.token.associated import get_associated_token_address
 from solders.token.state import Mint, TokenAccount
 from solders.transaction import VersionedTransaction
 from solders.transaction_metadata import SimulatedTransactionInfo, TransactionMetadata
+from x402.extensions.sign_in_with_x.solana import decode_base58, encode_base58
 from x402.mechanisms.svm.signer import FacilitatorSvmSigner
+
+from . import jsonrpc
+from .jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 
 TOKEN_PROGRAM = Pubkey.from_string("TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA")
 ATA_PROGRAM = Pubkey.from_string("ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL")
@@ -77,10 +81,7 @@ U64_MAX = 2**64 - 1
 SOLANA_CORE_VERSION = "2.2.0"  # the Agave line LiteSVM in solders 0.27 is built from
 FEATURE_SET = 3294202862
 
-# JSON-RPC error codes as Solana's RPC uses them.
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
+# Solana's own JSON-RPC error codes (the standard ones are in jsonrpc).
 SEND_FAILURE = -32002  # "Transaction simulation failed: ..." with the simulation as data
 SIGNATURE_FAILURE = -32003  # "Transaction signature verification failure"
 
@@ -174,10 +175,6 @@ class SolanaDevnet:
 
     # ------------------------------------------------------------------ public helpers
 
-    @property
-    def fee_payer_address(self) -> str:
-        return str(self._fee_payer.pubkey())
-
     def facilitator_signer(self) -> FacilitatorSvmSigner:
         """The SDK's FacilitatorSvmSigner over this chain, signing with the fee payer key."""
         with self._lock:
@@ -185,21 +182,11 @@ class SolanaDevnet:
                 self._signer = DevnetFacilitatorSigner(self, self._fee_payer)
             return self._signer
 
-    def token_account(self, owner: str) -> str:
-        """The owner's USDC associated token account address (whether or not it exists)."""
-        return str(self._ata(_pubkey(owner)))
-
-    def ensure_token_account(self, owner: str) -> str:
-        """Create the owner's USDC token account if missing (x402 payees need one); its address."""
-        with self._lock:
-            owner_key = _pubkey(owner)
-            ata = self._ata(owner_key)
-            if self._svm.get_account(ata) is None:
-                self._run_internal([self._create_ata_ix(owner_key)], [self._mint_authority])
-            return str(ata)
-
     def mint_to(self, owner: str, amount: int) -> str:
-        """Mint test USDC (atomic units) to the owner, creating the token account if needed."""
+        """Mint test USDC (atomic units) to the owner, creating the token account if needed.
+
+        `mint_to(owner, 0)` only creates it: x402 payees need one before anyone pays them.
+        """
         if amount < 0:
             raise ValueError("amount must not be negative")
         with self._lock:
@@ -222,11 +209,6 @@ class SolanaDevnet:
             if account is None or account.owner != TOKEN_PROGRAM:
                 return 0
             return TokenAccount.from_bytes(bytes(account.data)).amount
-
-    def sol_balance(self, owner: str) -> int:
-        """Lamports held by the address."""
-        with self._lock:
-            return self._svm.get_balance(_pubkey(owner)) or 0
 
     def airdrop(self, owner: str, lamports: int) -> None:
         """Give the address SOL, as devnet's faucet does."""
@@ -254,34 +236,23 @@ class SolanaDevnet:
                 [self._create_ata_ix(to_key), transfer_ix], [self._mint_authority, owner]
             )
 
-    def latest_blockhash(self) -> tuple[str, int]:
-        """(blockhash, lastValidBlockHeight), as getLatestBlockhash answers."""
-        with self._lock:
-            blockhash, slot = self._issue_blockhash()
-            return str(blockhash), slot + self._lifetime
-
     # ------------------------------------------------------------------ JSON-RPC
 
-    def rpc(self, method: str, params: list) -> dict:
-        """Answer one Solana JSON-RPC call; a full response body (the caller sets `id`)."""
+    def rpc(self, method: str, params: list) -> jsonrpc.Answer:
+        """Answer one Solana JSON-RPC call: `{"result": ...}` or `{"error": ...}`."""
         handler = _RPC_METHODS.get(method)
         if handler is None:
-            return _rpc_error(METHOD_NOT_FOUND, "Method not found")
-        if params is None:
-            params = []
-        if not isinstance(params, list):
-            return _rpc_error(INVALID_PARAMS, "Invalid params: expected an array")
+            return jsonrpc.error(METHOD_NOT_FOUND, "Method not found")
         try:
             with self._lock:
                 self._tick()
-                result = handler(self, params)
+                return jsonrpc.result(handler(self, params))
         except RpcError as exc:
-            return _rpc_error(exc.code, exc.message, exc.data)
+            return jsonrpc.error(exc.code, exc.message, exc.data)
         except (ValueError, TypeError, IndexError, KeyError, OverflowError, ParseHashError) as exc:
-            return _rpc_error(INVALID_PARAMS, f"Invalid params: {exc}")
+            return jsonrpc.error(INVALID_PARAMS, f"Invalid params: {exc}")
         except Exception as exc:  # a bug here must not take the HTTP endpoint down with it
-            return _rpc_error(INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}")
-        return {"jsonrpc": "2.0", "result": result, "id": None}
+            return jsonrpc.error(INTERNAL_ERROR, f"Internal error: {type(exc).__name__}: {exc}")
 
     def _context(self) -> dict[str, Any]:
         return {"apiVersion": SOLANA_CORE_VERSION, "slot": self._slot}
@@ -485,7 +456,7 @@ class SolanaDevnet:
                         "Encoded binary (base 58) data should be less than 128 bytes, "
                         "please use Base64 encoding.",
                     )
-                encoded = [_b58encode(data), "base58"] if encoding == "base58" else _b58encode(data)
+                encoded = [_base58(data), "base58"] if encoding == "base58" else _base58(data)
             else:
                 raise RpcError(INVALID_PARAMS, f"Invalid params: unsupported encoding {encoding}")
         return {
@@ -825,13 +796,6 @@ _RPC_METHODS: dict[str, Callable[[SolanaDevnet, list], Any]] = {
 }
 
 
-def _rpc_error(code: int, message: str, data: Any = None) -> dict:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "error": error, "id": None}
-
-
 def _param(params: list, index: int, kind: type) -> Any:
     if len(params) <= index:
         raise RpcError(INVALID_PARAMS, f"Invalid params: missing parameter {index}")
@@ -863,7 +827,7 @@ def _decode_tx(raw: str, encoding: str | None) -> VersionedTransaction:
         if encoding == "base64":
             data = base64.b64decode(raw, validate=True)
         elif encoding == "base58":
-            data = _b58decode(raw)
+            data = decode_base58(raw)
         else:
             raise RpcError(INVALID_PARAMS, f"Invalid params: unsupported encoding {encoding}")
         return VersionedTransaction.from_bytes(data)
@@ -932,23 +896,6 @@ def _opt_str(value: Pubkey | None) -> str | None:
     return None if value is None else str(value)
 
 
-_B58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-
-
-def _b58encode(data: bytes) -> str:
-    number = int.from_bytes(data, "big")
-    out = ""
-    while number:
-        number, rem = divmod(number, 58)
-        out = _B58[rem] + out
-    pad = len(data) - len(data.lstrip(b"\0"))
-    return "1" * pad + out
-
-
-def _b58decode(text: str) -> bytes:
-    number = 0
-    for char in text:
-        number = number * 58 + _B58.index(char)
-    body = number.to_bytes((number.bit_length() + 7) // 8, "big")
-    pad = len(text) - len(text.lstrip("1"))
-    return b"\0" * pad + body
+def _base58(data: bytes) -> str:
+    """The SDK's base58, but one "1" per zero byte for all-zero data (x402 2.25 adds one more)."""
+    return encode_base58(data) if data.strip(b"\0") else "1" * len(data)

@@ -1,17 +1,18 @@
-"""Models sold per call: the model table (`catalog`) and what serves it."""
+"""Models sold per call: the model table (`catalog`, its values in `spec`) and what serves it."""
 
-from .catalog import (
+from .catalog import Catalog, CatalogError, load_catalog
+from .spec import (
     OPERATIONS,
     TOKEN_OPERATIONS,
-    Catalog,
     ModelPrices,
     ModelSpec,
+    ProviderAccess,
     ProviderSpec,
+    ProviderVariables,
     Upstream,
-    load_catalog,
 )
 
 __all__ = [
-    "OPERATIONS", "TOKEN_OPERATIONS", "Catalog", "ModelPrices", "ModelSpec", "ProviderSpec", "Upstream",
-    "load_catalog",
+    "OPERATIONS", "TOKEN_OPERATIONS", "Catalog", "CatalogError", "ModelPrices", "ModelSpec", "ProviderAccess",
+    "ProviderSpec", "ProviderVariables", "Upstream", "load_catalog",
 ]

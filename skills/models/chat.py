@@ -11,7 +11,7 @@ fields the upstream would bill beyond that are refused. Identical requests get i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -23,6 +23,7 @@ from .request_fields import (
     FREE,
     PRICED,
     REFUSED,
+    Check,
     Field,
     FieldTable,
     boolean,
@@ -31,9 +32,8 @@ from .request_fields import (
     one_of,
     text,
 )
-from .token_quotes import (  # MAX_USD, MIN_USD: the route's range, also read from here
-    MAX_USD,  # noqa: F401
-    MIN_USD,  # noqa: F401
+from .spec import ModelSpec
+from .token_quotes import (
     SAMPLING,
     Input,
     OutputBudget,
@@ -43,7 +43,7 @@ from .token_quotes import (  # MAX_USD, MIN_USD: the route's range, also read fr
     token_quote,
     usage_record,
 )
-from .upstream import JsonBody, Target, UpstreamClient
+from .upstream import JsonBody, Target, Targets, UpstreamClient
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "name")
@@ -61,10 +61,8 @@ JSON_INPUTS = {"tools": "send fewer or shorter tools", "functions": "send fewer 
                "tool_choice": "shorten tool_choice", "function_call": "shorten function_call",
                "response_format": "shorten the response_format schema"}
 
-Targets = Callable[[], Sequence[Target]]
 
-
-def _items(check: Any, limit: int, what: str) -> Any:
+def _items(check: Check, limit: int, what: str) -> Check:
     def each(value: Any, name: str) -> None:
         if not isinstance(value, list) or len(value) > limit:
             raise SkillInputError(f"'{name}' must be an array of at most {limit} {what}", name)
@@ -74,7 +72,7 @@ def _items(check: Any, limit: int, what: str) -> Any:
     return each
 
 
-def _or_mode(modes: tuple[str, ...], named: Any) -> Any:
+def _or_mode(modes: tuple[str, ...], named: Check) -> Check:
     """A mode string (auto, none...) or an object naming a function."""
     def check(value: Any, name: str) -> None:
         if isinstance(value, str):
@@ -147,7 +145,7 @@ CHAT_FIELDS = FieldTable("/v1/chat/completions", {
 })
 
 
-def validate_chat(body: dict[str, Any], spec: Any) -> None:
+def validate_chat(body: dict[str, Any], spec: ModelSpec) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise SkillInputError("'messages' must be a non-empty list of {role, content}", "messages")
@@ -173,7 +171,7 @@ def validate_chat(body: dict[str, Any], spec: Any) -> None:
     output_budget(body, spec, inner=REASONING_BUDGETS)
 
 
-def chat_inputs(body: dict[str, Any], spec: Any) -> list[Input]:
+def chat_inputs(body: dict[str, Any], spec: ModelSpec) -> list[Input]:
     """What the upstream bills as prompt: the messages (chat framing and names included), then the
     tools, functions, tool_choice and response_format as their JSON text."""
     parts = [Input("messages", estimate_messages(body.get("messages") or [], spec.id).tokens,
@@ -184,11 +182,11 @@ def chat_inputs(body: dict[str, Any], spec: Any) -> list[Input]:
     return parts
 
 
-def chat_price(body: dict[str, Any], spec: Any) -> Decimal:
+def chat_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     return token_quote(spec, chat_inputs(body, spec), output_budget(body, spec, inner=REASONING_BUDGETS))
 
 
-def chat_upstream_parts(body: dict[str, Any], spec: Any) -> tuple[dict[str, Any], OutputBudget]:
+def chat_upstream_parts(body: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, Any], OutputBudget]:
     """What an upstream gets: CHAT_FIELDS' fields only (the first item, the same for every upstream),
     with exactly the paid output budget, whose fields may differ per upstream: the cap in the
     caller's field, or, when it named none, in the one that upstream takes
@@ -196,21 +194,20 @@ def chat_upstream_parts(body: dict[str, Any], spec: Any) -> tuple[dict[str, Any]
     return CHAT_FIELDS.forward(body), output_budget(body, spec, inner=REASONING_BUDGETS)
 
 
-def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_chat_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     """The chat.completions endpoint of one model, on its upstreams in preference order."""
 
     def validate(body: dict[str, Any]) -> None:
         validate_chat(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
-        _require(targets, spec)
         return chat_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
         common, budget = chat_upstream_parts(body, spec)
         common.pop("stream_options", None)  # (only allowed with a stream)
         common["stream"] = False
-        answer, target, _ = await client.request(_require(targets, spec), "/chat/completions",
+        answer, target, _ = await client.request(targets, "/chat/completions",
                                                  json_body=lambda t: {**common,
                                                                       **budget.upstream(t.cap_field)})
         if not isinstance(answer, dict) or "choices" not in answer:
@@ -222,21 +219,22 @@ def make_chat_operation(spec: Any, targets: Targets, client: UpstreamClient) -> 
 
     def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
         common, budget = chat_upstream_parts(body, spec)
-        return metered_stream(client, _require(targets, spec), "/chat/completions", common, spec,
+        return metered_stream(client, targets, "/chat/completions", common, spec,
                               per_upstream=lambda t: budget.upstream(t.cap_field))
 
     return Operation("chat.completions", run, price, validate, stream)
 
 
-async def metered_stream(client: UpstreamClient, targets: Sequence[Target], path: str,
-                         upstream: dict[str, Any], spec: Any, *,
+async def metered_stream(client: UpstreamClient, targets: Targets, path: str,
+                         upstream: dict[str, Any], spec: ModelSpec, *,
                          per_upstream: Callable[[Target], dict[str, Any]] | None = None
                          ) -> AsyncIterator[Any]:
     """An OpenAI token stream passed through chunk by chunk; `upstream` is the route's upstream body
     (paid cap included, or given per upstream by `per_upstream`). The upstream is always asked for
     its usage report (the ledger wants it); the caller sees that report only if it asked for it. The
     last item is a StreamUsage for the pipeline."""
-    options = upstream.get("stream_options") if isinstance(upstream.get("stream_options"), dict) else {}
+    given = upstream.get("stream_options")
+    options: dict[str, Any] = given if isinstance(given, dict) else {}
     wants_usage = options.get("include_usage") is True
     base = {**upstream, "stream": True, "stream_options": {**options, "include_usage": True}}
     upstream_body: JsonBody = base if per_upstream is None else (
@@ -256,8 +254,3 @@ async def metered_stream(client: UpstreamClient, targets: Sequence[Target], path
         yield event
     if served:
         yield StreamUsage(usage_record(usage, served[0]), token_cost(usage, spec))
-
-
-def _require(targets: Targets, spec: Any) -> Sequence[Target]:
-    """The model's usable upstreams; `targets` raises UpstreamError(503) naming what enables it."""
-    return targets()

@@ -20,32 +20,31 @@ what is refused because the upstream would bill it beyond the price (partial ima
 fidelity, which adds 4,096-6,144 tokens per input image); any other field is refused naming it, and
 the upstream gets the table's fields only.
 
-Uploads reach the operations as `UploadedFile` values inside the payload (see there for why).
+Uploads reach the operations as `UploadedFile` values inside the payload (skills/uploads.py says why).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
 from decimal import Decimal
-from functools import cached_property
-from typing import Any
+from typing import Any, TypeGuard
 
 import aiohttp
 
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_tokens
+from ..uploads import UploadedFile
 from .audio_duration import audio_duration
 from .audio_elevenlabs import MAX_SECONDS, MEDIA_TYPE, MIN_SECONDS, SOUND_PATH, ElevenLabsTarget, sound_body
-from .chat import Targets
 from .image_tokens import MAX_IMAGE_TOKENS, image_dimensions, image_tokens
 from .request_fields import FREE, PRICED, REFUSED, Field, FieldTable, integer, one_of, text
-from .upstream import Target, UpstreamClient
+from .spec import ModelSpec
+from .token_quotes import MILLION
+from .upstream import Target, Targets, UpstreamClient
 
-MILLION = Decimal(1_000_000)
 SPEECH_USD = (Decimal("0.001"), Decimal("5.00"))
 TRANSCRIPTION_USD = (Decimal("0.001"), Decimal("1.00"))
 GENERATION_USD = (Decimal("0.001"), Decimal("0.10"))
@@ -108,37 +107,15 @@ IMAGE_EDIT_FIELDS = FieldTable("/v1/images/edits", {
 })
 
 
-class UploadedFile(dict[str, Any]):
-    """A file uploaded with a call (multipart), as a payload value.
+def audio_seconds(upload: UploadedFile) -> Decimal | None:
+    """Playing time if the upload is audio whose duration can be read (read once per file: validation and
+    pricing both ask)."""
+    return upload.measured(audio_duration)
 
-    The pipeline hashes every payload with `json.dumps` (the ledger's request digest), which cannot take
-    bytes. So the mapping holds what identifies the file — name, content type, size, SHA-256 — and is
-    what the digest sees, while the bytes ride along as the `data` attribute.
-    """
 
-    def __init__(self, data: bytes, filename: str = "file", content_type: str = "application/octet-stream"
-                 ) -> None:
-        super().__init__(filename=filename, content_type=content_type, bytes=len(data),
-                         sha256=hashlib.sha256(data).hexdigest())
-        self.data = data
-
-    @property
-    def filename(self) -> str:
-        return str(self["filename"])
-
-    @property
-    def content_type(self) -> str:
-        return str(self["content_type"])
-
-    @cached_property
-    def seconds(self) -> Decimal | None:
-        """Playing time if this is audio whose duration can be read (validation and pricing both ask)."""
-        return audio_duration(self.data)
-
-    @cached_property
-    def dimensions(self) -> tuple[int, int] | None:
-        """(width, height) if this is a PNG, JPEG or WebP image whose header can be read."""
-        return image_dimensions(self.data)
+def image_size(upload: UploadedFile) -> tuple[int, int] | None:
+    """(width, height) if the upload is a PNG, JPEG or WebP image whose header can be read."""
+    return upload.measured(image_dimensions)
 
 
 # ---------------------------------------------------------------------------------------------- quotes
@@ -157,14 +134,15 @@ def speech_characters(body: dict[str, Any]) -> int:
     return sum(len(body[name]) for name in ("input", "instructions") if isinstance(body.get(name), str))
 
 
-def speech_price(body: dict[str, Any], spec: Any) -> Decimal:
+def speech_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     per_mchars = spec.prices.per_mchars
+    assert per_mchars is not None  # the catalog sells priced models only
     usd = Decimal(speech_characters(body)) * per_mchars / MILLION  # (an empty probe: the minimum)
     fit = int(SPEECH_USD[1] * MILLION / per_mchars)
     return _within(usd, SPEECH_USD, "input", f"send at most {fit} characters")
 
 
-def prompt_tokens(body: dict[str, Any], spec: Any) -> int:
+def prompt_tokens(body: dict[str, Any], spec: ModelSpec) -> int:
     """The `prompt`'s estimated text tokens on a model that bills them (a text-input price), else 0."""
     prompt = body.get("prompt")
     if spec.prices.input_per_mtok is None or not isinstance(prompt, str) or not prompt:
@@ -172,7 +150,7 @@ def prompt_tokens(body: dict[str, Any], spec: Any) -> int:
     return estimate_tokens(prompt, spec.id).tokens
 
 
-def _input_usd(spec: Any, text_tokens: int, image_tokens: int = 0) -> Decimal:
+def _input_usd(spec: ModelSpec, text_tokens: int, image_tokens: int = 0) -> Decimal:
     """Input billed in tokens (token-billed image and transcription models): text and image tokens at
     their input prices."""
     prices = spec.prices
@@ -180,19 +158,20 @@ def _input_usd(spec: Any, text_tokens: int, image_tokens: int = 0) -> Decimal:
             + image_tokens * (prices.input_image_per_mtok or 0)) / MILLION
 
 
-def transcription_price(body: dict[str, Any], spec: Any) -> Decimal:
+def transcription_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     """The audio's exact duration (from the file) x the price per minute, plus the prompt's text tokens
     on models that bill them (gpt-4o-transcribe)."""
     upload = body.get("file")
-    seconds = (upload.seconds if isinstance(upload, UploadedFile) else None) or Decimal(0)  # (a probe)
+    seconds = (audio_seconds(upload) if isinstance(upload, UploadedFile) else None) or Decimal(0)  # (a probe)
     per_minute = spec.prices.per_minute
+    assert per_minute is not None  # the catalog sells priced models only
     usd = seconds * per_minute / 60 + _input_usd(spec, prompt_tokens(body, spec))
     fit = math.floor(TRANSCRIPTION_USD[1] / per_minute)
     return _within(usd, TRANSCRIPTION_USD, "file", f"this audio lasts {seconds:.1f} s; split it into parts "
                                                    f"of at most {fit} minutes")
 
 
-def generation_price(body: dict[str, Any], spec: Any) -> Decimal:
+def generation_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     """duration_seconds x the price per second; without a duration the provider picks it after we quote,
     so the price per call, or (without one) the longest duration it may pick."""
     prices = spec.prices
@@ -206,7 +185,7 @@ def generation_price(body: dict[str, Any], spec: Any) -> Decimal:
     return _within(prices.per_call, GENERATION_USD, "model", "choose another model")
 
 
-def image_price(body: dict[str, Any], spec: Any) -> Decimal:
+def image_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     """n x the price of one image at the requested (or the model's default) size and quality, plus the
     input on token-billed models (GPT Image): the prompt's text tokens and the input images' tokens."""
     one: Decimal | None = spec.prices.image_price(body.get("size"), body.get("quality"))
@@ -224,17 +203,17 @@ def input_images(body: dict[str, Any]) -> list[tuple[str, UploadedFile]]:
     return [(name, f) for name, f in found if isinstance(f, UploadedFile)]
 
 
-def input_image_tokens(body: dict[str, Any], spec: Any) -> int:
+def input_image_tokens(body: dict[str, Any], spec: ModelSpec) -> int:
     """The input images' tokens on a model that bills them (an image-input price), else 0: each image's
     by its dimensions (image_tokens.py); the mask counts as one more input image, as it is given to the
     model. A file whose size cannot be read (refused by validation; a probe) counts the most one can."""
     if spec.prices.input_image_per_mtok is None:
         return 0
-    return sum(image_tokens(*f.dimensions) if f.dimensions else MAX_IMAGE_TOKENS
+    return sum(image_tokens(*size) if (size := image_size(f)) else MAX_IMAGE_TOKENS
                for _, f in input_images(body))
 
 
-def _image_option_error(body: dict[str, Any], spec: Any) -> SkillInputError:
+def _image_option_error(body: dict[str, Any], spec: ModelSpec) -> SkillInputError:
     prices = spec.prices
     sizes = sorted({key.partition("/")[0] for key in prices.per_image})
     if prices.image_price(body.get("size"), None) is None:
@@ -292,17 +271,17 @@ def _uploads(value: Any, name: str, limit: int) -> list[UploadedFile]:
     return [_upload(f, name) for f in files]
 
 
-def _readable_images(body: dict[str, Any], spec: Any) -> None:
+def _readable_images(body: dict[str, Any], spec: ModelSpec) -> None:
     """On a model that bills input images by their size, every image's size must be readable."""
     if spec.prices.input_image_per_mtok is None:
         return
     for name, upload in input_images(body):
-        if upload.dimensions is None:
+        if image_size(upload) is None:
             raise SkillInputError(f"cannot read the size of '{upload.filename}' ({name}), which {spec.id} "
                                   "bills input image tokens by; send PNG, JPEG or WebP images", name)
 
 
-def _image_options(body: dict[str, Any], spec: Any) -> None:
+def _image_options(body: dict[str, Any], spec: ModelSpec) -> None:
     _string(body, "prompt", required=True, max_len=IMAGE_PROMPT_CHARS)
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_IMAGES):
@@ -383,7 +362,7 @@ def _usage(target: Target, facts: dict[str, Any], upstream: Any = None) -> dict[
 # ---------------------------------------------------------------------------------------------- operations
 
 
-def make_speech_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_speech_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _string(body, "input", required=True, max_len=SPEECH_MAX_CHARS)
         voice = body.get("voice")
@@ -398,34 +377,34 @@ def make_speech_operation(spec: Any, targets: Targets, client: UpstreamClient) -
         SPEECH_FIELDS.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()  # 503 naming what would enable the model, before any quote
         return speech_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        audio, target, content_type = await client.request(targets(), "/audio/speech",
+        audio, target, content_type = await client.request(targets, "/audio/speech",
                                                            json_body=SPEECH_FIELDS.forward(body), raw=True)
         if not audio or content_type.startswith(("application/json", "text/")):
             raise UpstreamError("the model provider answered without audio", 502)
         fmt = body.get("response_format") or "mp3"
         media_type = content_type if content_type.startswith("audio/") else SPEECH_FORMATS[fmt]
         chars = speech_characters(body)
+        per_mchars = spec.prices.per_mchars or Decimal(0)  # (set: speech_price quoted with it)
         return SkillResult(body=audio, media_type=media_type,
                            usage=_usage(target, {"characters": chars, "response_format": fmt,
-                                                        "bytes": len(audio)}),
-                           upstream_cost_usd=spec.upstream_cost(
-                               Decimal(chars) * spec.prices.per_mchars / MILLION))
+                                                 "bytes": len(audio)}),
+                           upstream_cost_usd=spec.upstream_cost(Decimal(chars) * per_mchars / MILLION))
 
     return Operation("audio.speech", run, price, validate)
 
 
-def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, client: UpstreamClient
+                               ) -> Operation:
     """Transcription (task "transcriptions") or translation into English ("translations")."""
     name = f"audio.{task}"
     fields = TRANSCRIPTION_FIELDS if task == "transcriptions" else TRANSLATION_FIELDS
 
     def validate(body: dict[str, Any]) -> None:
         upload = _upload(body.get("file"), "file")
-        if upload.seconds is None:
+        if audio_seconds(upload) is None:
             raise SkillInputError(f"cannot read the duration of '{upload.filename}', which this route is "
                                   "priced by; send WAV, MP3, FLAC, Ogg (Opus, Vorbis) or M4A/MP4 audio",
                                   "file")
@@ -443,17 +422,16 @@ def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: U
         fields.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()
         return transcription_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
         upload: UploadedFile = body["file"]
         sent = fields.forward(body, without=("file",))
-        raw, target, content_type = await _call(client, targets(), f"/audio/{task}",
+        raw, target, content_type = await _call(client, targets, f"/audio/{task}",
                                                 lambda t: _form(t, sent, {"file": [upload]}))
-        seconds = upload.seconds or Decimal(0)
-        cost = spec.upstream_cost(seconds * spec.prices.per_minute / 60
-                                  + _input_usd(spec, prompt_tokens(body, spec)))
+        seconds = audio_seconds(upload) or Decimal(0)
+        per_minute = spec.prices.per_minute or Decimal(0)  # (set: transcription_price quoted with it)
+        cost = spec.upstream_cost(seconds * per_minute / 60 + _input_usd(spec, prompt_tokens(body, spec)))
         facts = {"audio_seconds": float(round(seconds, 3))}
         if (body.get("response_format") or "json") in ("json", "verbose_json"):
             answer = _json_answer(raw, "text")
@@ -466,17 +444,18 @@ def _make_audio_text_operation(task: str, spec: Any, targets: Targets, client: U
     return Operation(name, run, price, validate)
 
 
-def make_transcription_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_transcription_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     return _make_audio_text_operation("transcriptions", spec, targets, client)
 
 
-def make_translation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_translation_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     return _make_audio_text_operation("translations", spec, targets, client)
 
 
-def make_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_generation_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     """Sound effects / music from a prompt, on ElevenLabs (the catalog gives this operation no other kind
     of upstream, so every target here is an ElevenLabs one)."""
+    eleven = tuple(ElevenLabsTarget.of(t) for t in targets)
 
     def validate(body: dict[str, Any]) -> None:
         _string(body, "prompt", required=True)
@@ -487,11 +466,9 @@ def make_generation_operation(spec: Any, targets: Targets, client: UpstreamClien
         GENERATION_FIELDS.check(body)  # (the upstream body is built by sound_body, field by field)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()
         return generation_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        eleven = [ElevenLabsTarget.of(t) for t in targets()]
         audio, target, content_type = await _call(client, eleven, SOUND_PATH, lambda t: sound_body(
             t, body["prompt"], duration_seconds=body.get("duration_seconds"),
             prompt_influence=body.get("prompt_influence"), loop=body.get("loop")))
@@ -507,7 +484,7 @@ def make_generation_operation(spec: Any, targets: Targets, client: UpstreamClien
     return Operation("audio.generations", run, price, validate)
 
 
-def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: Any) -> SkillResult:
+def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: ModelSpec) -> SkillResult:
     answer = _json_answer(raw, "data")
     images = answer["data"]
     if not isinstance(images, list):
@@ -527,30 +504,34 @@ def _reported_input(usage: Any) -> tuple[int, int] | None:
     details = usage.get("input_tokens_details") if isinstance(usage, dict) else None
     if not isinstance(details, dict):
         return None
-    counts = details.get("text_tokens"), details.get("image_tokens", 0)
-    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+    text, image = details.get("text_tokens"), details.get("image_tokens", 0)
+    if not (_count(text) and _count(image)):
         return None
-    return counts[0], counts[1]
+    return text, image
 
 
-def make_image_generation_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def _count(value: Any) -> TypeGuard[int]:
+    """A token count: a whole number >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _image_options(body, spec)
         IMAGE_FIELDS.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()
         return image_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        raw, target, _ = await client.request(targets(), "/images/generations",
+        raw, target, _ = await client.request(targets, "/images/generations",
                                               json_body=IMAGE_FIELDS.forward(body), raw=True)
         return _image_result(raw, target, body, spec)
 
     return Operation("images.generations", run, price, validate)
 
 
-def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _uploads(body.get("image"), "image", MAX_EDIT_IMAGES)
         if body.get("mask") is not None:
@@ -560,7 +541,6 @@ def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClien
         _readable_images(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()
         return image_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
@@ -569,13 +549,13 @@ def make_image_edit_operation(spec: Any, targets: Targets, client: UpstreamClien
         if body.get("mask") is not None:
             files["mask"] = [body["mask"]]
         fields = IMAGE_EDIT_FIELDS.forward(body, without=("image", "mask"))
-        raw, target, _ = await _call(client, targets(), "/images/edits", lambda t: _form(t, fields, files))
+        raw, target, _ = await _call(client, targets, "/images/edits", lambda t: _form(t, fields, files))
         return _image_result(raw, target, body, spec)
 
     return Operation("images.edits", run, price, validate)
 
 
-FACTORIES: dict[str, Callable[[Any, Targets, UpstreamClient], Operation]] = {
+FACTORIES = {
     "audio.speech": make_speech_operation,
     "audio.transcriptions": make_transcription_operation,
     "audio.translations": make_translation_operation,

@@ -1,43 +1,53 @@
-"""Every sellable model of the catalog as a skill, one operation per supported endpoint."""
+"""Every sellable model of the catalog as a skill, one operation per endpoint.
+
+Each model's upstream targets (where, with which key, under which name) are built once, here, from the
+`ProviderAccess` the assembly gives per provider; the operations price and run on them as they are. A
+model none of whose providers is configured is still listed (GET /v1/models says which variable would
+enable it), and each of its operations answers 503 naming that variable, before any quote.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
 from ..errors import UpstreamError
-from ..skill import Operation, Skill
+from ..skill import Operation, Payload, Skill, SkillResult
+from .catalog import Catalog
 from .chat import make_chat_operation
 from .media_ops import FACTORIES as MEDIA_FACTORIES
+from .spec import NO_ACCESS, ModelSpec, ProviderAccess
 from .text_ops import FACTORIES as TEXT_FACTORIES
-from .upstream import Target, UpstreamClient
+from .upstream import Target, Targets, UpstreamClient
 
-# Each factory: (spec, targets, client) -> Operation.
-OPERATION_FACTORIES = {"chat.completions": make_chat_operation, **TEXT_FACTORIES, **MEDIA_FACTORIES}
+OperationFactory = Callable[[ModelSpec, Targets, UpstreamClient], Operation]
+# One per operation of the table (spec.OPERATIONS).
+OPERATION_FACTORIES: dict[str, OperationFactory] = {
+    "chat.completions": make_chat_operation, **TEXT_FACTORIES, **MEDIA_FACTORIES}
 
 
-def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, str],
+def build_model_skills(catalog: Catalog, client: UpstreamClient, providers: Mapping[str, ProviderAccess],
                        free: frozenset[str] = frozenset()) -> list[Skill]:
-    """Skills for the catalog's models, for the operations implemented so far. Models named in
-    `free` (an operator's choice, e.g. a self-hosted model) cost nothing and need no payment."""
+    """A skill per model of the catalog. `providers`: how to reach each provider (a provider left out
+    has no key and the table's base URL). Models named in `free` (an operator's choice, e.g. a
+    self-hosted model) cost nothing and need no payment."""
     skills = []
     for spec in catalog.models.values():
-        targets = _targets_for(catalog, spec, env)
-        operations: dict[str, Operation] = {
-            name: OPERATION_FACTORIES[name](spec, targets, client)
-            for name in spec.operations if name in OPERATION_FACTORIES
-        }
-        if not operations:
-            continue
-        if spec.id in free:
-            operations = {name: _free(op, targets) for name, op in operations.items()}
+        targets = model_targets(catalog, spec, providers)
+        operations: dict[str, Operation] = {name: OPERATION_FACTORIES[name](spec, targets, client)
+                                            for name in spec.operations}
+        enable_with = None if targets else catalog.available(spec.id, providers)[1]
+        if enable_with is not None:
+            operations = {name: _unavailable(op, spec, enable_with) for name, op in operations.items()}
+        elif spec.id in free:
+            operations = {name: _free(op) for name, op in operations.items()}
         skills.append(Skill(
             id=spec.id, name=spec.name,
             description=f"{spec.name} ({spec.family}) through an OpenAI-compatible API: "
                         f"{', '.join(operations)}. Priced per request from its token prices.",
             categories=("Llm",), tags=(spec.family, *operations), kind="model",
-            operations=operations, info=_info(catalog, spec, env),
+            operations=operations, info=_info(spec, enable_with),
             run=next(iter(operations.values())).run,
             examples=({"model": spec.id, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": 64},),
@@ -45,46 +55,61 @@ def build_model_skills(catalog: Any, client: UpstreamClient, env: Mapping[str, s
     return skills
 
 
-def _free(op: Operation, targets: Any) -> Operation:
-    def price(body: dict[str, Any]) -> Decimal:
-        targets()  # still refuse up front when no provider is configured
+def model_targets(catalog: Catalog, spec: ModelSpec, providers: Mapping[str, ProviderAccess]
+                  ) -> tuple[Target, ...]:
+    """The model's callable upstreams, in preference order: those whose provider has its key (or needs
+    none), at the provider's base URL (the access's override, else the table's)."""
+    targets = []
+    for upstream in spec.upstreams:
+        provider = catalog.providers[upstream.provider]
+        access = providers.get(upstream.provider, NO_ACCESS)
+        if provider.usable(access):
+            targets.append(Target(upstream.provider, provider.url(access), upstream.model, access.api_key,
+                                  provider.cap_field))
+    return tuple(targets)
+
+
+def _unavailable(op: Operation, spec: ModelSpec, needed: list[str]) -> Operation:
+    """The operation of a model no provider of which is configured: validated as usual, then refused
+    (503 naming what enables it) before any quote, and if run directly (a resource's model)."""
+    def refused() -> UpstreamError:
+        return UpstreamError(f"model '{spec.id}' is not available on this gateway: set "
+                             f"{' or '.join(needed)} to enable it; nothing was charged", 503)
+
+    def price(body: Payload) -> Decimal:
+        raise refused()
+
+    async def run(body: Payload) -> SkillResult:
+        raise refused()
+
+    def stream(body: Payload) -> AsyncIterator[Any]:
+        raise refused()
+
+    return Operation(op.name, run, price, op.validator, stream if op.streamer else None)
+
+
+def _free(op: Operation) -> Operation:
+    def price(body: Payload) -> Decimal:
         return Decimal(0)
 
     return Operation(op.name, op.run, price, op.validator, op.streamer)
 
 
-def _targets_for(catalog: Any, spec: Any, env: Mapping[str, str]) -> Any:
-    def targets() -> list[Target]:
-        found = []
-        for upstream in spec.upstreams:
-            provider = catalog.providers[upstream.provider]
-            key = provider.api_key(env)
-            if provider.key_required and not key:
-                continue
-            found.append(Target(provider.key, provider.resolved_base_url(env), upstream.model, key,
-                                provider.cap_field))
-        if not found:
-            _, needed = catalog.available(spec.id, env)
-            raise UpstreamError(f"model '{spec.id}' is not available on this gateway: set "
-                                f"{' or '.join(needed)} to enable it; nothing was charged", 503)
-        return found
+def _info(spec: ModelSpec, enable_with: list[str] | None) -> Callable[[], dict[str, Any]]:
+    """GET /v1/models' facts; `enable_with`: the variables that would enable an unavailable model."""
+    prices = spec.prices
+    pricing = {name: str(value) for name, value in (("input_per_mtok", prices.input_per_mtok),
+                                                    ("output_per_mtok", prices.output_per_mtok))
+               if value is not None}
 
-    return targets
-
-
-def _info(catalog: Any, spec: Any, env: Mapping[str, str]) -> Any:
     def info() -> dict[str, Any]:
-        available, needed = catalog.available(spec.id, env)
-        prices = spec.prices
         return {
             "family": spec.family,
             "operations": list(spec.operations),
             "context_window": spec.context_window,
-            "available": available,
-            **({} if available else {"enable_with": needed}),
-            "pricing": {k: str(v) for k, v in (("input_per_mtok", prices.input_per_mtok),
-                                               ("output_per_mtok", prices.output_per_mtok))
-                        if v is not None},
+            "available": enable_with is None,
+            **({} if enable_with is None else {"enable_with": list(enable_with)}),
+            "pricing": dict(pricing),
         }
 
     return info

@@ -140,29 +140,18 @@ def texts(max_items: int, max_len: int) -> Check:
     return check
 
 
-def string_list(max_items: int, max_len: int) -> Check:
-    one = text(max_len)
-
-    def check(value: Any, name: str) -> None:
-        if not isinstance(value, list) or len(value) > max_items:
-            raise SkillInputError(f"'{name}' must be an array of at most {max_items} strings", name)
-        for i, item in enumerate(value):
-            one(item, f"{name}.{i}")
-
-    return check
-
-
 def obj(fields: Mapping[str, Check | None] | None = None, *, required: Sequence[str] = ()) -> Check:
     """A JSON object; with `fields`, only those keys (each checked when not null)."""
     def check(value: Any, name: str) -> None:
         if not isinstance(value, dict):
             raise SkillInputError(f"'{name}' must be an object", name)
         json_value(value, name)
+        known = fields if fields is not None else {}
         for key, item in value.items() if fields is not None else ():
-            if key not in fields:
-                raise SkillInputError(f"'{name}' accepts only {', '.join(fields)}; '{key}' is not one of "
+            if key not in known:
+                raise SkillInputError(f"'{name}' accepts only {', '.join(known)}; '{key}' is not one of "
                                       "them", f"{name}.{key}")
-            inner = fields[key]
+            inner = known[key]
             if item is not None and inner is not None:
                 inner(item, f"{name}.{key}")
         for key in required:

@@ -19,10 +19,10 @@ from typing import Any
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_messages, estimate_tokens
-from .chat import Targets, metered_stream
+from .chat import metered_stream
 from .request_fields import BUDGET, FREE, PRICED, Field, FieldTable, boolean, integer, one_of, text
+from .spec import ModelSpec
 from .token_quotes import (
-    MILLION,
     SAMPLING,
     Input,
     output_budget,
@@ -30,7 +30,7 @@ from .token_quotes import (
     token_quote,
     usage_record,
 )
-from .upstream import UpstreamClient
+from .upstream import Targets, UpstreamClient
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
 MAX_PROMPTS = 2048  # prompts of one completions batch
@@ -90,7 +90,7 @@ def _choices_of(answer: Any) -> list[Any]:
 # ---- completions ---------------------------------------------------------------------------------
 
 
-def validate_completions(body: dict[str, Any], spec: Any) -> None:
+def validate_completions(body: dict[str, Any], spec: ModelSpec) -> None:
     if "prompt" not in body:
         raise SkillInputError("'prompt' is required: a string or an array of strings", "prompt")
     prompts = _strings(body["prompt"], "prompt", allow_empty=True)  # "" is a valid legacy prompt
@@ -111,7 +111,7 @@ def _prompts(body: dict[str, Any]) -> list[str]:
     return [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
 
 
-def completions_price(body: dict[str, Any], spec: Any) -> Decimal:
+def completions_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     prompts = _prompts(body)
     suffix = body.get("suffix") if isinstance(body.get("suffix"), str) else ""
     inputs = [Input("prompt", sum(estimate_tokens(p, spec.id).tokens for p in prompts),
@@ -123,25 +123,24 @@ def completions_price(body: dict[str, Any], spec: Any) -> Decimal:
     return token_quote(spec, inputs, output_budget(body, spec, prompts=len(prompts)))
 
 
-def completions_upstream_body(body: dict[str, Any], spec: Any) -> dict[str, Any]:
+def completions_upstream_body(body: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
     return {**COMPLETIONS_FIELDS.forward(body), **output_budget(body, spec).forward}
 
 
-def make_completions_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_completions_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     """POST /v1/completions of one model: the legacy prompt API, passed through to its upstreams."""
 
     def validate(body: dict[str, Any]) -> None:
         validate_completions(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()  # 503 naming what enables the model, before any quote
         return completions_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
         upstream_body = completions_upstream_body(body, spec)
         upstream_body.pop("stream_options", None)  # (only allowed with a stream)
         upstream_body["stream"] = False
-        answer, target, _ = await client.request(targets(), "/completions", json_body=upstream_body)
+        answer, target, _ = await client.request(targets, "/completions", json_body=upstream_body)
         _choices_of(answer)
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
@@ -149,7 +148,7 @@ def make_completions_operation(spec: Any, targets: Targets, client: UpstreamClie
                            upstream_cost_usd=token_cost(usage, spec))
 
     def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
-        return metered_stream(client, targets(), "/completions", completions_upstream_body(body, spec), spec)
+        return metered_stream(client, targets, "/completions", completions_upstream_body(body, spec), spec)
 
     return Operation("completions", run, price, validate, stream)
 
@@ -157,7 +156,7 @@ def make_completions_operation(spec: Any, targets: Targets, client: UpstreamClie
 # ---- edits ---------------------------------------------------------------------------------------
 
 
-def validate_edits(body: dict[str, Any], spec: Any) -> None:
+def validate_edits(body: dict[str, Any], spec: ModelSpec) -> None:
     instruction = body.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         raise SkillInputError("'instruction' is required: a non-empty string telling the model how "
@@ -176,14 +175,14 @@ def edit_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             {"role": "user", "content": str(body.get("input", ""))}]
 
 
-def edits_price(body: dict[str, Any], spec: Any) -> Decimal:
+def edits_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     # the call is a chat call: its messages are counted as chat counts them (framing included)
     input_tokens = estimate_messages(edit_messages(body), spec.id).tokens
     return token_quote(spec, [Input("input", input_tokens, "shorten the instruction or the input")],
                        output_budget(body, spec))
 
 
-def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_edits_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     """POST /v1/edits of one model: a chat call (system: instruction, user: input), answered in the
     legacy edit shape."""
 
@@ -191,14 +190,13 @@ def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) ->
         validate_edits(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()
         return edits_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
         chat = {**EDITS_FIELDS.forward(body, without=("instruction", "input", "stream")),
                 "messages": edit_messages(body), "stream": False}
         budget = output_budget(body, spec)  # the cap in the caller's field, else the upstream's
-        answer, target, _ = await client.request(targets(), "/chat/completions",
+        answer, target, _ = await client.request(targets, "/chat/completions",
                                                  json_body=lambda t: {**chat, **budget.upstream(t.cap_field)})
         choices = []
         for i, choice in enumerate(_choices_of(answer)):
@@ -222,7 +220,7 @@ def make_edits_operation(spec: Any, targets: Targets, client: UpstreamClient) ->
 # ---- embeddings ----------------------------------------------------------------------------------
 
 
-def validate_embeddings(body: dict[str, Any], spec: Any) -> None:
+def validate_embeddings(body: dict[str, Any], spec: ModelSpec) -> None:
     if "input" not in body:
         raise SkillInputError("'input' is required: a string or an array of strings", "input")
     inputs = _strings(body["input"], "input", allow_empty=False)
@@ -232,14 +230,14 @@ def validate_embeddings(body: dict[str, Any], spec: Any) -> None:
     EMBEDDINGS_FIELDS.check(body)
 
 
-def embeddings_price(body: dict[str, Any], spec: Any) -> Decimal:
+def embeddings_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     raw = body.get("input", "")
     inputs = [raw] if isinstance(raw, str) else [t for t in raw if isinstance(t, str)]
     input_tokens = sum(estimate_tokens(t, spec.id).tokens for t in inputs)
     return token_quote(spec, [Input("input", input_tokens, "send fewer or shorter inputs")], None)
 
 
-def make_embeddings_operation(spec: Any, targets: Targets, client: UpstreamClient) -> Operation:
+def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
     """POST /v1/embeddings of one model; EMBEDDINGS_FIELDS go to the upstream as given (a base64
     answer is passed through untouched), nothing else."""
 
@@ -247,26 +245,22 @@ def make_embeddings_operation(spec: Any, targets: Targets, client: UpstreamClien
         validate_embeddings(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
-        targets()
         return embeddings_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        answer, target, _ = await client.request(targets(), "/embeddings",
+        answer, target, _ = await client.request(targets, "/embeddings",
                                                  json_body=EMBEDDINGS_FIELDS.forward(body))
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
             raise UpstreamError("the model provider answered without embeddings", 502)
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        cost = None
-        if usage and spec.prices.input_per_mtok is not None:
-            cost = spec.upstream_cost(
-                Decimal(int(usage.get("prompt_tokens") or 0)) * spec.prices.input_per_mtok / MILLION)
-        return SkillResult(body=answer, usage=usage_record(usage, target), upstream_cost_usd=cost)
+        return SkillResult(body=answer, usage=usage_record(usage, target),
+                           upstream_cost_usd=token_cost(usage, spec))  # (prompt tokens only)
 
     return Operation("embeddings", run, price, validate)
 
 
-FACTORIES: dict[str, Any] = {
+FACTORIES = {
     "completions": make_completions_operation,
     "edits": make_edits_operation,
     "embeddings": make_embeddings_operation,

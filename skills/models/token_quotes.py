@@ -22,21 +22,22 @@ Quotes are a pure function of the request: identical requests get identical quot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 from ..errors import SkillInputError
 from ..tokens import estimate_tokens
 from .request_fields import FREE, Field, boolean, integer, number, obj, text, texts
+from .spec import CAP_FIELDS, ModelSpec
 from .upstream import Target
 
 MIN_USD = Decimal("0.0001")
 MAX_USD = Decimal("0.50")
 MILLION = Decimal(1_000_000)
-CAP_FIELDS = ("max_tokens", "max_completion_tokens")
 MAX_CHOICES = 128  # OpenAI's upper bound for `n` and `best_of`
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 300
@@ -82,7 +83,7 @@ class OutputBudget:
     field: str  # the cap's field: the caller's (max_tokens or max_completion_tokens), else max_tokens
     cap: int  # tokens per completion
     completions: int  # completions generated upstream (prompts x max(n, best_of))
-    forward: dict[str, Any] = field(default_factory=dict)  # the budget fields of the upstream body
+    forward: dict[str, Any] = dataclasses.field(default_factory=dict)  # the upstream body's budget fields
     chosen: bool = True  # the caller named the cap's field (False: none given, the default budget)
 
     def upstream(self, cap_field: str) -> dict[str, Any]:
@@ -94,22 +95,23 @@ class OutputBudget:
         return {cap_field: self.cap, **{k: v for k, v in self.forward.items() if k != self.field}}
 
 
-def output_budget(body: Mapping[str, Any], spec: Any, *, prompts: int = 1,
+def output_budget(body: Mapping[str, Any], spec: ModelSpec, *, prompts: int = 1,
                   inner: Mapping[str, str] | None = None) -> OutputBudget:
     """The paid output of a request (checked: 400 naming the field when it cannot be paid for).
     `inner`: reasoning budgets spent inside the cap, field -> its budget key."""
-    given = {name: body[name] for name in CAP_FIELDS if body.get(name) is not None}
+    maximum, default = spec.max_output_tokens, spec.default_max_tokens
+    assert maximum is not None and default is not None  # the table requires them of token models
+    given: dict[str, Any] = {name: body[name] for name in CAP_FIELDS if body.get(name) is not None}
     for name, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= spec.max_output_tokens:
-            raise SkillInputError(f"'{name}' must be a whole number from 1 to {spec.max_output_tokens} "
-                                  f"for {spec.id}", name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+            raise SkillInputError(f"'{name}' must be a whole number from 1 to {maximum} for {spec.id}", name)
     if len(set(given.values())) > 1:
         raise SkillInputError(
             f"'max_tokens' ({given['max_tokens']}) and 'max_completion_tokens' "
             f"({given['max_completion_tokens']}) differ; they are the same output cap (upstreams honour "
             "either), so send one of them", "max_completion_tokens")
     cap_field = "max_completion_tokens" if "max_completion_tokens" in given else "max_tokens"
-    cap = given[cap_field] if given else spec.default_max_tokens
+    cap: int = given[cap_field] if given else default
     forward: dict[str, Any] = {cap_field: cap}
     choices = 1
     for name in ("n", "best_of"):
@@ -139,7 +141,7 @@ def json_tokens(value: Any, model: str) -> int:
     return estimate_tokens(text, model).tokens
 
 
-def token_quote(spec: Any, inputs: Sequence[Input], budget: OutputBudget | None) -> Decimal:
+def token_quote(spec: ModelSpec, inputs: Sequence[Input], budget: OutputBudget | None) -> Decimal:
     """USD for `inputs` in and the paid output out (None: no output, embeddings), within the route's
     range. Above MAX_USD the refusal says which cap would fit, or which input to shorten when the input
     alone is over (the largest part, at its field)."""
@@ -167,7 +169,7 @@ def usage_record(usage: Mapping[str, Any] | None, target: Target) -> dict[str, A
     return {"provider": target.provider, "upstream_model": target.model, **(usage or {})}
 
 
-def token_cost(usage: Mapping[str, Any] | None, spec: Any) -> Decimal | None:
+def token_cost(usage: Mapping[str, Any] | None, spec: ModelSpec) -> Decimal | None:
     """What the upstream charged for a reported usage (the margin taken off)."""
     if not usage:
         return None

@@ -44,6 +44,8 @@ class Target:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
+# A model's upstreams in preference order (built once per model at startup: model_skills.py).
+Targets = Sequence[Target]
 # A JSON body, or a function of the upstream giving its body (fields that differ per upstream).
 JsonBody = dict[str, Any] | Callable[[Target], dict[str, Any]]
 
@@ -79,7 +81,7 @@ class UpstreamClient:
             await self._session.close()
 
     # ---- routing ----
-    def _order(self, targets: Sequence[Target]) -> list[Target]:
+    def _order(self, targets: Targets) -> list[Target]:
         now = time.monotonic()
         warm = [t for t in targets if self._cool_until.get(t.provider, 0) <= now]
         return warm or list(targets)  # all cooling down: try them anyway rather than fail
@@ -117,7 +119,7 @@ class UpstreamClient:
             raise _Attempt(f"{target.provider} answered {response.status}: {message}")
         raise UpstreamError(f"the model provider refused the request: {message}", status=400)
 
-    async def _each(self, targets: Sequence[Target]) -> AsyncIterator[tuple[Target, int]]:
+    async def _each(self, targets: Targets) -> AsyncIterator[tuple[Target, int]]:
         for target in self._order(targets):
             for attempt in range(self._retries + 1):
                 yield target, attempt
@@ -128,7 +130,7 @@ class UpstreamClient:
         return UpstreamError(f"every upstream failed ({detail})", status=504 if timeout else 502)
 
     # ---- calls ----
-    async def request(self, targets: Sequence[Target], path: str, *, json_body: JsonBody | None = None,
+    async def request(self, targets: Targets, path: str, *, json_body: JsonBody | None = None,
                       form: aiohttp.FormData | None = None, raw: bool = False
                       ) -> tuple[Any, Target, str]:
         """POST to the first upstream that answers; returns (JSON or bytes, target, content type)."""
@@ -159,7 +161,7 @@ class UpstreamClient:
             self._failed(target)
         raise self._exhausted(errors)
 
-    async def stream(self, targets: Sequence[Target], path: str, body: JsonBody, *,
+    async def stream(self, targets: Targets, path: str, body: JsonBody, *,
                      on_start: Callable[[Target], None] | None = None
                      ) -> AsyncIterator[dict[str, Any]]:
         """Server-sent JSON events from the first upstream that starts streaming. Falls back only

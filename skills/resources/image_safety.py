@@ -12,9 +12,9 @@ How a prompt is read:
    "k1ll": "1" is tried both as "i" and "l"), each split at punctuation ("s.e.x" -> s e x) and
    with the punctuation squeezed out of each whitespace chunk ("nu-de" -> nude); runs of single
    letters are joined ("s e x" -> sex) and searched inside too ("a s e x" -> asex);
-3. matched against word lists by category, whole tokens only (so "Essex", "cumin", "skillet",
-   "therapist" and "cockles" are not hits); a letter stretched three times or more still matches
-   ("kiiiill");
+3. matched against word lists by category (image_safety.toml), whole tokens only (so "Essex",
+   "cumin", "skillet", "therapist" and "cockles" are not hits); a letter stretched three times or
+   more still matches ("kiiiill");
 4. a hit is dropped when it lies entirely inside an allowed food phrase ("blood orange",
    "chicken breast", "spotted dick", "sex on the beach" when a drink is mentioned, "faggots" near
    "gravy"/"peas"), so the phrase does not excuse anything around it: "having sex on the beach" is
@@ -34,9 +34,11 @@ without the bird's name, "bloody" as an intensifier other than before a few comm
 from __future__ import annotations
 
 import re
+import tomllib
 import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib.resources import files
 
 SEXUAL, MINORS, VIOLENCE, HATE, SELF_HARM, DRUGS = (
     "sexual", "minors", "violence", "hate", "self-harm", "drugs")
@@ -54,131 +56,16 @@ class Finding:
 
 
 # ---------------------------------------------------------------------------------- word lists
-# Comma-separated phrases, already normalised (lowercase, no accents or apostrophes); every
-# inflection is written out so that nothing matches by accident ("kill" is listed, "killer" not).
+# In image_safety.toml, next to this module: phrases by category, the squashed words, the word sets
+# and the allowed food phrases (see there for how each is written).
 
-_TERMS: dict[str, str] = {
-    SEXUAL: """
-        sex, sexual, sexually, sexy, having sex, sex toy, sex toys, sexting, porn, porno, pornos,
-        porns, pornography, pornographic, nsfw, x rated, xrated, adult film, adult video, nude,
-        nudes, nudity, nudist, naked, topless, undressed, undressing, unclothed, no clothes,
-        without clothes, nipple, nipples, breast, breasts, bare breasts, cleavage, genital,
-        genitals, genitalia, penis, penises, vagina, vaginas, vulva, dick, dicks, cock, cocks,
-        pussy, boobs, boobies, crotch, panties, camel toe, upskirt, erotic, erotica, orgasm,
-        orgasms, erection, hentai, fetish, fetishes, bdsm, bondage, kinky, horny, voyeur, stripper,
-        strippers, striptease, strip club, strip show, lap dance, lapdance, lingerie, masturbate,
-        masturbates, masturbating, masturbation, onlyfans, prostitute, prostitutes, prostitution,
-        hooker, hookers, whore, whores, slut, sluts, milf, blowjob, blowjobs, blow job, handjob,
-        hand job, dildo, dildos, vibrator, anal, orgy, orgies, threesome, incest, bestiality,
-        rape, raped, raping, rapist, rapists, molest, molested, molesting, molestation,
-        nyotaimori, nantaimori, body sushi
-    """,
-    MINORS: """
-        loli, lolis, lolicon, shota, shotacon, jailbait, pedo, pedos, pedophile, pedophiles,
-        pedophilia, paedophile, paedophiles, paedophilia, csam, child porn, child pornography,
-        child abuse, underage sex
-    """,
-    _CHILDREN: """
-        child, children, childs, kid, kids, kiddie, kiddies, toddler, toddlers, baby, babies,
-        infant, infants, minor, minors, underage, preteen, preteens, teen, teens, teenage,
-        teenager, teenagers, schoolgirl, schoolgirls, schoolboy, schoolboys, little girl,
-        little girls, little boy, little boys, young girl, young girls, young boy, young boys
-    """,
-    VIOLENCE: """
-        gore, gory, gruesome, blood, bloody, bloodied, bloodbath, bloodshed, bloodsoaked,
-        bleeding, corpse, corpses, cadaver, cadavers, dead body, dead bodies, dead person,
-        decapitated, decapitation, behead, beheaded, beheading, dismember, dismembered,
-        dismemberment, mutilated, mutilation, severed head, severed heads, severed hand,
-        severed hands, severed finger, severed fingers, severed limb, severed limbs, disembowel,
-        disemboweled, disembowelled, torture, tortured, torturing, massacre, massacred, murder,
-        murders, murdered, murdering, murderer, murderers, kill, kills, killed, killing,
-        serial killer, slaughter, slaughtered, slaughtering, slaughterhouse, stabbing,
-        stab wound, stabbed to death, gunshot, gunshots, gunshot wound, shot dead,
-        shot in the head, mass shooting, school shooting, bullet wound, bullet wounds, gun,
-        guns, handgun, handguns, pistol, pistols, rifle, rifles, assault rifle, machine gun,
-        firearm, firearms, ak47, ak 47, grenade, grenades, molotov, suicide bomber,
-        suicide bombing, terrorist, terrorists, terrorism, terror attack, war crime, war crimes,
-        genocide, ethnic cleansing, lynching, lynched, cannibal, cannibals, cannibalism,
-        human flesh, human meat, firing squad, electric chair, beaten to death, violence, violent
-    """,
-    HATE: """
-        nazi, nazis, neonazi, neo nazi, swastika, swastikas, hitler, heil hitler, sieg heil, kkk,
-        ku klux klan, white power, white pride, white supremacy, white supremacist,
-        white supremacists, holocaust, gas chamber, gas chambers, hate symbol, hate speech,
-        racial slur, blackface, faggot, faggots, fag, fags, nigger, niggers, nigga, niggas, kike,
-        kikes, spic, spics, chink, chinks, gook, gooks, wetback, wetbacks, raghead, ragheads,
-        coon, coons, paki, pakis, tranny, trannies, retard, retards, retarded
-    """,
-    SELF_HARM: """
-        suicide, suicides, suicidal, kill myself, killing myself, kill yourself, kill themselves,
-        kys, self harm, selfharm, self harming, self injury, cut myself, cutting myself,
-        slit wrist, slit wrists, slit my wrists, slashed wrists, hang myself, hanging myself,
-        noose, nooses, drug overdose, fatal overdose, overdosed, overdosing, end my life,
-        want to die, pro ana, proana, pro mia, thinspo, thinspiration, starve myself,
-        starving myself
-    """,
-    DRUGS: """
-        cocaine, heroin, meth, methamphetamine, crystal meth, crack cocaine, crack pipe, crackhead,
-        fentanyl, ketamine, mdma, lsd, ecstasy pill, ecstasy pills, ecstasy tablets,
-        magic mushroom, magic mushrooms, psilocybin, marijuana, cannabis, thc, weed brownie,
-        weed brownies, pot brownie, pot brownies, hash brownie, hash brownies, weed cookies,
-        weed gummies, smoking weed, smoking a joint, rolling a joint, opium, narcotics,
-        drug paraphernalia, drug dealer, drug dealers, drug deal, snorting, line of coke,
-        lines of coke, bong, bongs, purple drank
-    """,
-}
-
-# Searched in the prompt with every non-letter removed, so across word joins too: only long words
-# that no innocent join spells ("with inspo" holds "thinspo", "be heading" "beheading", "oxygen
-# Italian" "genitalia", so those are not here) and inside no allowed phrase (a test checks).
-_SQUASHED: dict[str, str] = {
-    SEXUAL: "pornograph, masturbat, striptease, bestiality, nyotaimori",
-    MINORS: "pedophil, paedophil, lolicon, jailbait, childporn",
-    VIOLENCE: "decapitat, dismember, disembowel, mutilat, genocide",
-    HATE: "swastika, kukluxklan, whitesupremac, heilhitler, siegheil",
-    DRUGS: "cocaine, methamphetamine, fentanyl, marijuana, psilocybin",
-}
-
-# Word sets the allowed phrases refer to as {NAME}.
-_SETS: dict[str, str] = {
-    "BIRD": """chicken, chickens, duck, ducks, duckling, turkey, goose, quail, pheasant, pigeon,
-               squab, poussin, partridge, grouse, guinea, fowl, capon, hen, veal, lamb, mutton,
-               emu, ostrich, game, magret""",
-    "BREAST": "breast, breasts",
-    "BIRD_KIND": """a, the, free, range, organic, corn, fed, roast, roasted, grilled, smoked, wild,
-                    young, farm, farmed, barbary, gressingham, aylesbury, muscovy, pekin, bresse,
-                    cornish, french, local, heritage, confit""",
-    "BREAST_CUT": """meat, fillet, fillets, filet, cutlet, cutlets, tenders, strips, piece,
-                     pieces, portion, portions, roast""",
-    "BLOOD_DISH": """orange, oranges, sausage, sausages, pudding, puddings, cake, cakes, tofu,
-                     soup, pancake, pancakes, curd, red, jelly, stew""",
-    "BLOOD_ANIMAL": """duck, pig, pigs, pork, beef, goose, chicken, lamb, cow, ox, sheep,
-                       reindeer, deer""",
-    "BRITISH_INTENSIFIED": """good, great, brilliant, lovely, delicious, tasty, gorgeous,
-                              amazing, massive, huge, big, fantastic, nice, beautiful, perfect""",
-    "DRINK": """cocktail, cocktails, drink, drinks, mocktail, mocktails, shot, shots, shooter,
-                shooters, glass, glasses, highball, hurricane, bar, liqueur, punch""",
-    "NAKED_FOOD": """cake, cakes, burger, burgers, burrito, burritos, bowl, bowls, wings, wing,
-                     chicken, juice, juices, salad, salads, pizza, pizzas, taco, tacos, fries,
-                     oats, grains, smoothie, smoothies, sponge, lunch, breakfast, dog, dogs""",
-    "CAKE_FLAVOUR": """chocolate, vanilla, lemon, carrot, red, velvet, strawberry, berry,
-                       raspberry, coffee, layer, wedding, birthday, buffalo, bbq, veggie, vegan,
-                       fruit, green""",
-    "NUDE_HUE": """tone, tones, colour, colours, color, colors, coloured, colored, palette,
-                   beige, pink, ceramic, ceramics, linen, linens, plates, shade, shades""",
-    "GUN_TOOL": """icing, piping, frosting, cookie, cream, glue, smoke, smoking, caulk, water,
-                   spray, heat, soda, beer, bar, foam, nerf""",
-    "GUN": "gun, guns",
-    "SHELLFISH": "prawn, prawns, shrimp, shrimps, langoustine, langoustines, crayfish, fish",
-    "HOT_FOOD": """wings, wing, sauce, sauces, burger, burgers, pepper, peppers, chili, chilli,
-                   curry, hot, challenge, level""",
-    "FAGGOT_FOOD": """gravy, peas, mushy, mash, mashed, potato, potatoes, meatball, meatballs,
-                      pork, liver, offal, onion, onions, british, welsh, traditional, butcher,
-                      butchers, baked, herbs, herb, thyme, sticks, twigs, firewood, bundle""",
-    "DOUGH": """dough, doughs, proof, proofed, proofing, ferment, fermented, fermentation, bread,
-                breads, loaf, loaves, sourdough, croissant, croissants, pastry, baguette,
-                baguettes, bagel, bagels, yeast, levain, starter, overnight, fridge, bulk""",
-}
+_LISTS = tomllib.loads(files(__package__).joinpath("image_safety.toml").read_text("utf-8"))
+_KNOWN = {*CATEGORIES, _CHILDREN}
+if not set(_LISTS["terms"]) | set(_LISTS["squashed"]) <= _KNOWN:
+    raise ValueError(f"image_safety.toml names a category other than {sorted(_KNOWN)}")
+_TERMS: dict[str, str] = _LISTS["terms"]
+_SQUASHED: dict[str, str] = _LISTS["squashed"]
+_SETS: dict[str, str] = _LISTS["sets"]
 
 
 @dataclass(frozen=True)
@@ -211,41 +98,9 @@ def _allow(pattern: str, near: str = "", window: int = 0) -> _Allowance:
 
 
 # Food and drink phrases that contain a listed word. A hit inside one of them is not a hit.
-_ALLOWED: tuple[_Allowance, ...] = (
-    _allow("{BIRD} {BREAST}"),
-    _allow("{BREAST} of {BIRD}"),
-    _allow("{BREAST} of {BIRD_KIND} {BIRD}"),
-    _allow("{BREAST} of {BIRD_KIND} {BIRD_KIND} {BIRD}"),
-    _allow("{BREAST} {BREAST_CUT}"),
-    _allow("naked {NAKED_FOOD}"),
-    _allow("naked {CAKE_FLAVOUR} {NAKED_FOOD}"),
-    _allow("naked {CAKE_FLAVOUR} {CAKE_FLAVOUR} {NAKED_FOOD}"),
-    _allow("nude {NUDE_HUE}"),
-    _allow("sex on the beach", near="{DRINK}"),  # the cocktail, when a drink is in the picture
-    _allow("spotted dick|dicks"),
-    _allow("dicks drive in"),  # Dick's Drive-In, Seattle
-    _allow("moby dick"),
-    _allow("cock a leekie"),
-    _allow("cock soup"),  # Jamaican chicken soup
-    _allow("pussy willow|willows"),
-    _allow("oilseed rape"),
-    _allow("rape seed|seeds|oil|honey|flowers"),
-    _allow("blood {BLOOD_DISH}"),
-    _allow("{BLOOD_ANIMAL} blood"),
-    _allow("bloody mary|marys|maria|caesar|caesars"),
-    _allow("bloody {BRITISH_INTENSIFIED}"),  # British: "a bloody good burger"
-    _allow("bleeding heart|hearts"),
-    _allow("corpse reviver|revivers"),  # the cocktail
-    _allow("murder mystery|mysteries"),
-    _allow("cannibal sandwich|sandwiches"),  # raw beef on rye, Wisconsin
-    _allow("beheaded {SHELLFISH}"),
-    _allow("{GUN_TOOL} {GUN}"),  # a piping gun, a soda gun, a smoking gun for cocktails
-    _allow("suicide {HOT_FOOD}"),  # the hottest level at wing bars
-    _allow("coon cheese"),  # the Australian cheese's former name
-    _allow("faggot|faggots", near="{FAGGOT_FOOD}", window=5),  # British meatballs; herb bundles
-    _allow("retard|retarded|retards", near="{DOUGH}", window=5),  # bakers retard dough
-    _allow("bong lan"),  # banh bong lan, Vietnamese sponge cake
-)
+_ALLOWED: tuple[_Allowance, ...] = tuple(
+    _allow(phrase["pattern"], phrase.get("near", ""), phrase.get("window", 0))
+    for phrase in _LISTS["phrases"]["allowed"])
 
 
 _Term = tuple[tuple[str, ...], str]  # (words, category)

@@ -8,15 +8,17 @@ Input (unknown fields are refused):
 - ``payload``: the JSON object or array to send (at most 64 KiB as JSON), or
 - ``event``: which realistic default to send instead (fresh ids and timestamps each call):
   ``paywire.test`` (default), ``stripe.payment_intent.succeeded``,
-  ``stripe.checkout.session.completed``, ``github.push``, ``github.ping``.
+  ``stripe.checkout.session.completed``, ``github.push``, ``github.ping`` (each a template in
+  ``webhook_events/<event>.json``).
 - ``timeout_seconds``: lower the 10 s limit (at least 0.1).
 
 Rules (skills/net_guard.py): only public unicast addresses. An IP literal is checked before the
 quote; a name is resolved once at run time with the event loop's getaddrinfo, every address it
-resolves to is checked, and the connection goes to those checked addresses only (a pinned
-resolver), while the Host header, TLS SNI and certificate verification keep the name. Redirects
-are reported, never followed: webhook senders (Stripe, GitHub...) do not follow them either, so a
-redirect is a problem to fix. The response body is read up to 64 KiB and the rest is left unread.
+resolves to is checked, and the connection goes to those checked addresses only
+(net_guard.PinnedConnector), while the Host header, TLS SNI and certificate verification keep
+the name. Redirects are reported, never followed: webhook senders (Stripe, GitHub...) do not
+follow them either, so a redirect is a problem to fix. The response body is read up to 64 KiB and
+the rest is left unread.
 
 What is charged: a report is the product, so every outcome of a trip to a permitted address is
 delivered and charged: 2xx, 3xx, 4xx/5xx, timeout, TLS failure, refused connection, malformed
@@ -42,15 +44,17 @@ import re
 import secrets
 import socket
 import ssl
+import string
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib.resources import files
 from ipaddress import ip_address
 from typing import Any
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
@@ -58,6 +62,7 @@ from skills.net_guard import (
     ForbiddenAddress,
     IPAddress,
     IPNetwork,
+    PinnedConnector,
     check_address,
     forbidden_name_reason,
     parse_networks,
@@ -335,52 +340,15 @@ class Exchange:
         end = self.marks.get("done", time.perf_counter())
         return round((end - self.started) * 1000, 1)
 
-
-class _PinnedResolver(AbstractResolver):
-    """Answers for the checked host with the checked addresses only: the connection cannot go
-    anywhere the guard did not see (no second lookup, no DNS rebinding)."""
-
-    def __init__(self, host: str, addresses: list[IPAddress]) -> None:
-        self._host = host
-        self._addresses = addresses
-
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
-        if host != self._host:
-            raise OSError(f"refusing to resolve {host!r}: only {self._host!r} was checked")
-        results = []
-        for ip in self._addresses:
-            ip_family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-            if family in (socket.AF_UNSPEC, ip_family):
-                results.append(ResolveResult(hostname=host, host=str(ip), port=port,
-                                             family=ip_family, proto=0,
-                                             flags=socket.AI_NUMERICHOST | socket.AI_NUMERICSERV))
-        return results
-
-    async def close(self) -> None:
-        return None
-
-
-class _PinnedConnector(aiohttp.TCPConnector):
-    """One connection to the checked addresses; records the peer and the TLS session as soon as
-    it is made (an empty answer releases the connection before the caller could look)."""
-
-    def __init__(self, host: str, addresses: list[IPAddress], exchange: Exchange) -> None:
-        super().__init__(resolver=_PinnedResolver(host, addresses), use_dns_cache=False,
-                         force_close=True, limit=1)
-        self._exchange = exchange
-
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
-        connection = await super().connect(req, traces, timeout)
-        self._exchange.mark("connected")
-        transport = connection.transport
+    def connected(self, transport: asyncio.BaseTransport | None) -> None:
+        """The connection is made: record the peer and the TLS session."""
+        self.mark("connected")
         if transport is not None:
             peer = transport.get_extra_info("peername")
-            self._exchange.address = str(peer[0]) if peer else None
+            self.address = str(peer[0]) if peer else None
             ssl_object = transport.get_extra_info("ssl_object")
             if ssl_object is not None:
-                self._exchange.tls = tls_details(ssl_object)
-        return connection
+                self.tls = tls_details(ssl_object)
 
 
 async def _resolve(request: WebhookRequest, allow: tuple[IPNetwork, ...],
@@ -423,7 +391,7 @@ async def _read_capped(stream: aiohttp.StreamReader, cap: int) -> tuple[bytes, b
 
 async def _send(request: WebhookRequest, addresses: list[IPAddress], body: bytes,
                 headers: dict[str, str], tls: ssl.SSLContext, exchange: Exchange) -> None:
-    connector = _PinnedConnector(request.host, addresses, exchange)
+    connector = PinnedConnector(request.host, addresses, exchange.connected)
     async with aiohttp.ClientSession(
         connector=connector, trust_env=False,  # an environment proxy would bypass the guard
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=request.connect_timeout),
@@ -530,76 +498,58 @@ def _redacted(headers: dict[str, str]) -> dict[str, str]:
     return {k: ("[redacted]" if _SECRET_NAME.search(k) else v) for k, v in headers.items()}
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+# Sample events: skills/resources/webhook_events/<event>.json, {"headers": {...}, "body": ...}.
+# Their strings may hold placeholders, filled in afresh for every call (below). A `#label`
+# ({hex:6#after}) gives the same value wherever that label appears in one event. A placeholder that
+# is a whole string gives its value as it is (an integer stays one); inside text, its text.
+_PLACEHOLDERS: dict[str, Callable[[int, str], Any]] = {
+    "hex": lambda n, url: secrets.token_hex(n),  # {hex:N}: random hex of N bytes
+    "digits": lambda n, url: "".join(secrets.choice(string.digits) for _ in range(n)),  # as text
+    "below": lambda n, url: secrets.randbelow(n),  # {below:N}: a random integer under N
+    "uuid": lambda n, url: str(uuid.uuid4()),
+    "now": lambda n, url: int(time.time()),  # Unix time
+    "now_iso": lambda n, url: datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    "url": lambda n, url: url,  # the webhook URL
+}
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(_PLACEHOLDERS) + r")(?::(\d+))?(?:#(\w+))?\}")
 
 
-def _stripe_event(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    return {"id": f"evt_{secrets.token_hex(12)}", "object": "event", "api_version": "2024-06-20",
-            "created": int(time.time()), "type": kind, "livemode": False, "pending_webhooks": 1,
-            "request": {"id": f"req_{secrets.token_hex(7)}", "idempotency_key": str(uuid.uuid4())},
-            "data": {"object": obj}}
+def _event_template(event: str) -> dict[str, Any]:
+    return json.loads(files(__package__).joinpath("webhook_events", f"{event}.json").read_text("utf-8"))
 
 
-def _stripe_payment_intent() -> dict[str, Any]:
-    return _stripe_event("payment_intent.succeeded", {
-        "id": f"pi_{secrets.token_hex(12)}", "object": "payment_intent", "amount": 2000,
-        "amount_received": 2000, "currency": "usd", "status": "succeeded",
-        "customer": f"cus_{secrets.token_hex(7)}", "created": int(time.time()), "livemode": False,
-        "payment_method": f"pm_{secrets.token_hex(12)}", "latest_charge": f"ch_{secrets.token_hex(12)}",
-        "metadata": {"order_id": str(secrets.randbelow(10**6))}})
+_EVENT_TEMPLATES = {event: _event_template(event) for event in EVENTS}
 
 
-def _stripe_checkout_session() -> dict[str, Any]:
-    return _stripe_event("checkout.session.completed", {
-        "id": f"cs_test_{secrets.token_hex(16)}", "object": "checkout.session", "mode": "payment",
-        "amount_total": 2000, "currency": "usd", "status": "complete", "payment_status": "paid",
-        "customer": f"cus_{secrets.token_hex(7)}", "payment_intent": f"pi_{secrets.token_hex(12)}",
-        "customer_details": {"email": "jenny.rosen@example.com", "name": "Jenny Rosen"},
-        "created": int(time.time()), "livemode": False, "metadata": {}})
+def _fill(template: Any, url: str, labelled: dict[str, Any]) -> Any:
+    """The template with its placeholders filled in (see above)."""
+    if isinstance(template, dict):
+        return {k: _fill(v, url, labelled) for k, v in template.items()}
+    if isinstance(template, list):
+        return [_fill(v, url, labelled) for v in template]
+    if not isinstance(template, str):
+        return template
 
+    def value(match: re.Match[str]) -> Any:
+        kind, arg, label = match.groups()
+        if label is None:
+            return _PLACEHOLDERS[kind](int(arg or 0), url)
+        if label not in labelled:
+            labelled[label] = _PLACEHOLDERS[kind](int(arg or 0), url)
+        return labelled[label]
 
-_REPOSITORY = {"id": 1296269, "name": "hello-world", "full_name": "octocat/hello-world",
-               "private": False, "html_url": "https://github.com/octocat/hello-world",
-               "default_branch": "main"}
-_SENDER = {"login": "octocat", "id": 1, "type": "User"}
-
-
-def _github_push() -> dict[str, Any]:
-    before, after = secrets.token_hex(20), secrets.token_hex(20)
-    commit = {"id": after, "tree_id": secrets.token_hex(20), "distinct": True,
-              "message": "Fix webhook signature check", "timestamp": _now_iso(),
-              "url": f"https://github.com/octocat/hello-world/commit/{after}",
-              "author": {"name": "The Octocat", "email": "octocat@example.com", "username": "octocat"},
-              "added": [], "removed": [], "modified": ["README.md"]}
-    return {"ref": "refs/heads/main", "before": before, "after": after, "created": False,
-            "deleted": False, "forced": False, "repository": _REPOSITORY,
-            "pusher": {"name": "octocat", "email": "octocat@example.com"}, "sender": _SENDER,
-            "compare": f"https://github.com/octocat/hello-world/compare/{before[:12]}...{after[:12]}",
-            "commits": [commit], "head_commit": commit}
-
-
-def _github_ping(hook_id: int, url: str) -> dict[str, Any]:
-    return {"zen": "Keep it logically awesome.", "hook_id": hook_id,
-            "hook": {"type": "Repository", "id": hook_id, "active": True, "events": ["push"],
-                     "config": {"content_type": "json", "insecure_ssl": "0", "url": url}},
-            "repository": _REPOSITORY, "sender": _SENDER}
+    whole = _PLACEHOLDER.fullmatch(template)
+    if whole is not None:
+        return value(whole)
+    return _PLACEHOLDER.sub(lambda m: str(value(m)), template)
 
 
 def default_payload(event: str, url: str) -> tuple[Any, dict[str, str]]:
     """A realistic event body with fresh ids and timestamps, and the headers its sender adds."""
-    if event.startswith("github."):
-        hook_id = secrets.randbelow(10**9)
-        headers = {"X-GitHub-Event": event.split(".", 1)[1], "X-GitHub-Delivery": str(uuid.uuid4()),
-                   "X-GitHub-Hook-ID": str(hook_id)}
-        body = _github_push() if event == "github.push" else _github_ping(hook_id, url)
-        return body, headers
-    if event == "stripe.payment_intent.succeeded":
-        return _stripe_payment_intent(), {}
-    if event == "stripe.checkout.session.completed":
-        return _stripe_checkout_session(), {}
-    return {"id": f"evt_{secrets.token_hex(12)}", "type": "paywire.test", "created_at": _now_iso(),
-            "data": {"message": "Test event from paywire webhook-test-payload", "attempt": 1}}, {}
+    template = _EVENT_TEMPLATES[event]
+    labelled: dict[str, Any] = {}
+    body = _fill(template["body"], url, labelled)
+    return body, {name: str(value) for name, value in _fill(template["headers"], url, labelled).items()}
 
 
 # --- diagnosis and report -----------------------------------------------------------------------

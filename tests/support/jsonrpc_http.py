@@ -1,8 +1,9 @@
 """A tiny loopback JSON-RPC over HTTP server for tests.
 
-Serves any `rpc(method, params) -> response body` callable (e.g. `SolanaDevnet.rpc`) on
+Serves any chain's `rpc(method, params) -> {"result"} | {"error"}` (e.g. `SolanaDevnet.rpc`) on
 127.0.0.1 at a free port, so real RPC clients (solana-py, the x402 SDK's signers) can be pointed
-at an in-process chain. Batches are answered as JSON-RPC 2.0 says. Use it as a context manager.
+at an in-process chain. Bodies, batches and ids are answered by `payments.devnet.jsonrpc`, as the
+gateway's /devnet routes answer them. Use it as a context manager.
 """
 
 from __future__ import annotations
@@ -10,18 +11,18 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-RpcHandler = Callable[[str, list], dict]
+from payments.devnet import jsonrpc
+
 MAX_BODY = 1024 * 1024
 
 
 class JsonRpcHttpServer:
     """Serve `handler` as JSON-RPC over HTTP POST on a loopback port, in a daemon thread."""
 
-    def __init__(self, handler: RpcHandler, *, host: str = "127.0.0.1") -> None:
+    def __init__(self, handler: jsonrpc.Rpc, *, host: str = "127.0.0.1") -> None:
         self.handler = handler
         self.calls: list[str] = []  # method names in arrival order, for assertions
         self._lock = threading.Lock()
@@ -64,15 +65,11 @@ class JsonRpcHttpServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def answer(self, call: Any) -> dict:
-        """One JSON-RPC call object in, one response object out (id copied from the call)."""
-        if not isinstance(call, dict) or not isinstance(call.get("method"), str):
-            return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Invalid request"}}
+    def rpc(self, method: str, params: list[Any]) -> jsonrpc.Answer:
+        """The chain's answer to one call, recorded in `calls`."""
         with self._lock:
-            self.calls.append(call["method"])
-        response = dict(self.handler(call["method"], call.get("params") or []))
-        response["id"] = call.get("id")
-        return response
+            self.calls.append(method)
+        return self.handler(method, params)
 
     def _request_handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -94,27 +91,15 @@ class JsonRpcHttpServer:
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY:
-                    self._reply(
-                        413,
-                        {
-                            "jsonrpc": "2.0",
-                            "id": None,
-                            "error": {"code": -32600, "message": "request too large"},
-                        },
-                    )
-                    return
-                try:
-                    body = json.loads(self.rfile.read(length))
-                except (UnicodeDecodeError, json.JSONDecodeError):
-                    self._reply(
-                        200,
-                        {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": "Parse error"}},
-                    )
-                    return
-                if isinstance(body, list):
-                    self._reply(200, [server.answer(call) for call in body])
+                    reply = jsonrpc.refusal(413, jsonrpc.INVALID_REQUEST, "request too large")
                 else:
-                    self._reply(200, server.answer(body))
+                    try:
+                        body = json.loads(self.rfile.read(length))
+                    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                        reply = jsonrpc.refusal(400, jsonrpc.PARSE_ERROR, f"parse error: {exc}")
+                    else:
+                        reply = jsonrpc.answer(body, server.rpc)
+                self._reply(reply.status, reply.body)
 
             def do_GET(self) -> None:  # noqa: N802
                 # Solana nodes answer GET /health too.

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import email.policy
 import hashlib
 import io
 import json
@@ -38,11 +37,11 @@ import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from email.parser import BytesParser
 from types import TracebackType
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, MultipartReader, StreamReader, hdrs, web
+from aiohttp.base_protocol import BaseProtocol
 
 CREATED = 1_700_000_000  # every `created` field: fixed so answers are deterministic
 DEFAULT_MODELS = (
@@ -191,25 +190,24 @@ class RecordedRequest:
         return next((f for f in self.files if f.field == field_name), None)
 
 
-def parse_multipart(content_type: str, body: bytes) -> tuple[dict[str, str], list[UploadedFile]]:
-    """multipart/form-data -> (text fields, files). The stdlib parser, not aiohttp's request.post(), so
-    the raw body stays available for the record (and aiohttp's reader warns about its own internals)."""
-    message = BytesParser(policy=email.policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+async def parse_multipart(headers: Any, body: bytes) -> tuple[dict[str, str], list[UploadedFile]]:
+    """multipart/form-data -> (text fields, files), with aiohttp's own MultipartReader over the body
+    already read (fed into a StreamReader), so the raw body stays available for the record."""
+    # a buffer limit above the body's size: the whole body is buffered at once, nothing to pause
+    content = StreamReader(BaseProtocol(asyncio.get_running_loop()), len(body) + 1)
+    content.feed_data(body)
+    content.feed_eof()
     form: dict[str, str] = {}
     files: list[UploadedFile] = []
-    if not message.is_multipart():
-        return form, files
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        data = part.get_payload(decode=True)
-        if not isinstance(name, str) or not isinstance(data, bytes):
+    async for part in MultipartReader(headers, content):
+        if not isinstance(part, BodyPartReader) or not part.name:
             continue
-        filename = part.get_filename()
-        if filename is None:
-            form[name] = data.decode("utf-8", "replace")
+        data = bytes(await part.read(decode=True))
+        if part.filename is None:
+            form[part.name] = data.decode("utf-8", "replace")
         else:
-            files.append(UploadedFile(name, filename, part.get_content_type(), data))
+            content_type = part.headers.get(hdrs.CONTENT_TYPE, "text/plain").split(";")[0].strip()
+            files.append(UploadedFile(part.name, part.filename, content_type, data))
     return form, files
 
 
@@ -474,7 +472,7 @@ class OpenAIUpstream:
         body = await request.read()
         parsed, form, files = None, {}, []
         if request.content_type == "multipart/form-data":
-            form, files = parse_multipart(request.headers["Content-Type"], body)
+            form, files = await parse_multipart(request.headers, body)
         elif body and request.content_type in ("application/json", ""):
             with contextlib.suppress(ValueError):
                 parsed = json.loads(body)
