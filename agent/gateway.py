@@ -38,6 +38,8 @@ from skills.errors import (
     SkillUnavailableError,
     UpstreamAnswer,
     UpstreamError,
+    UpstreamRejected,
+    UpstreamTimeout,
 )
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
@@ -491,11 +493,12 @@ def _refusal(t: Timings, exc: SkillError, *, before_quote: bool = False) -> Refu
     if isinstance(exc, SkillUnavailableError):
         return Refused(t, 503, "skill_unavailable", str(exc))
     if isinstance(exc, UpstreamAnswer):  # a forwarded upstream's own answer, passed on as it is
-        return Refused(t, exc.status, "upstream_answer", f"{exc.message}{charged}",
+        return Refused(t, exc.upstream_status, "upstream_answer", f"{exc.message}{charged}",
                        raw=(exc.body, exc.media_type))
     if isinstance(exc, UpstreamError):
-        code = "skill_unavailable" if exc.status == 503 else "upstream_error"
-        return Refused(t, exc.status, code, f"{exc.message}{charged}")
+        status = 504 if isinstance(exc, UpstreamTimeout) else 400 if isinstance(
+            exc, UpstreamRejected) else 502
+        return Refused(t, status, "upstream_error", f"{exc.message}{charged}")
     return Refused(t, 500, "skill_failed", f"{type(exc).__name__}{charged}")
 
 

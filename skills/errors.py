@@ -31,26 +31,37 @@ class SkillUnavailableError(SkillError):
 
 
 class UpstreamError(SkillError):
-    """The skill's upstream failed. `status` is the HTTP status the faces should answer.
+    """The skill's upstream failed: it could not be reached, broke off, or answered nonsense.
+    Skills say what happened, never an HTTP status: the pipeline decides the answer (one place,
+    `agent.gateway._refusal`). Subclasses say more.
 
     `usage` and `upstream_cost_usd` say what the failed call still spent upstream (a model that
     answered, but not validly): the caller is not charged, the operator's ledger shows the cost.
     """
 
-    def __init__(self, message: str, status: int = 502, *, usage: dict[str, Any] | None = None,
+    def __init__(self, message: str, *, usage: dict[str, Any] | None = None,
                  upstream_cost_usd: Decimal | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.status = status
         self.usage = usage
         self.upstream_cost_usd = upstream_cost_usd
 
 
-class UpstreamAnswer(UpstreamError):
-    """A forwarded upstream's non-2xx answer, handed to the caller as it is (status, body, type);
-    the call did not deliver, so it is not charged."""
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not answer in time."""
 
-    def __init__(self, status: int, body: bytes, media_type: str, message: str) -> None:
-        super().__init__(message, status)
+
+class UpstreamRejected(UpstreamError):
+    """The upstream refused the request as invalid: another upstream would refuse it too."""
+
+
+class UpstreamAnswer(UpstreamError):
+    """A forwarded upstream's non-2xx answer, handed to the caller as it is (its status, body,
+    type: data passed on, not a status chosen here); the call did not deliver, so it is not
+    charged."""
+
+    def __init__(self, upstream_status: int, body: bytes, media_type: str, message: str) -> None:
+        super().__init__(message)
+        self.upstream_status = upstream_status
         self.body = body
         self.media_type = media_type

@@ -123,13 +123,21 @@ def test_an_upstream_asking_for_payment_is_a_502_not_a_402(
     assert _balance(gateway, EVM_NET) == before
 
 
-def test_a_rejected_operator_key_is_passed_on_and_free(gateway: LiveServer, nansen: NansenUpstream) -> None:
+def test_a_rejected_operator_key_is_a_502_naming_the_key_and_free(
+    gateway: LiveServer, nansen: NansenUpstream
+) -> None:
+    """A 401/403 from the upstream is the operator's key problem, not the caller's."""
     nansen.behaviour.key = "rotated"
     before = _balance(gateway, EVM_NET)
     resource = "v1beta1-tgm-historical-token-quant-scores"
     r = _pay(gateway, resource, CALLS[resource][1])
-    assert r.status_code == 401 and r.json() == {"detail": "Invalid or missing API key"}
+    assert r.status_code == 502
+    message = r.json()["error"]["message"]
+    assert "refused paywire's key (401)" in message and "NANSEN_API_KEY" in message
+    assert "nothing was charged" in message
     assert _balance(gateway, EVM_NET) == before
+    row = gateway.ledger_rows(skill_id=resource)[-1]
+    assert row["state"] == "released"
 
 
 @pytest.mark.parametrize(("resource", "body", "param"), [

@@ -264,7 +264,7 @@ async def test_a_url_answer_and_the_models_revised_prompt_are_passed_on() -> Non
 
 @pytest.mark.parametrize("answer", [
     {"data": []}, {"data": [{"b64_json": "not base64!"}]}, {"data": [{}]}, {"error": "x"},
-    UpstreamError("every upstream failed", 502),
+    UpstreamError("every upstream failed"),
 ])
 async def test_no_image_is_an_upstream_error_so_nothing_is_charged(answer: Any) -> None:
     with pytest.raises(UpstreamError):

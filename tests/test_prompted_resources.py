@@ -19,7 +19,7 @@ import httpx
 import pytest
 from jsonschema import Draft202012Validator
 
-from skills.errors import SkillUnavailableError, UpstreamError
+from skills.errors import SkillUnavailableError, UpstreamError, UpstreamRejected
 from skills.kinds import prompted
 from skills.models.catalog import load_catalog
 from skills.models.chat import validate_chat
@@ -491,7 +491,7 @@ def test_a_refusal_and_nan_are_invalid_answers() -> None:
     model = FakeModel((None, "stop"), ('{"text": NaN}', "stop"))
     with pytest.raises(UpstreamError) as failed:
         _run(_built(model), {"topic": "tea"})
-    assert failed.value.status == 502 and "NaN is not a JSON number" in failed.value.message
+    assert type(failed.value) is UpstreamError and "NaN is not a JSON number" in failed.value.message
     assert model.requests[1]["messages"][2] == {"role": "assistant",
                                                 "content": "(refused: I can't help with that.)"}
 
@@ -504,7 +504,7 @@ def test_a_failed_call_still_reports_what_its_attempts_spent_upstream() -> None:
     assert len(invalid.value.usage["calls"]) == 2
     assert invalid.value.upstream_cost_usd == Decimal("0.0002")
     # the retry's upstream fails: the first attempt's spending is kept on the error
-    model = FakeModel(("not json", "stop"), UpstreamError("upstream answered 500", 502))
+    model = FakeModel(("not json", "stop"), UpstreamError("upstream answered 500"))
     with pytest.raises(UpstreamError) as broken:
         _run(_built(model), {"topic": "tea"})
     assert broken.value.message == "upstream answered 500"
@@ -512,18 +512,17 @@ def test_a_failed_call_still_reports_what_its_attempts_spent_upstream() -> None:
                                   "calls": [{"completion_tokens": 3}]}
     assert broken.value.upstream_cost_usd == Decimal("0.0001")
     # a first attempt that fails outright spent nothing
-    model = FakeModel(UpstreamError("upstream answered 500", 502))
+    model = FakeModel(UpstreamError("upstream answered 500"))
     with pytest.raises(UpstreamError) as first:
         _run(_built(model), {"topic": "tea"})
     assert first.value.usage is None and first.value.upstream_cost_usd is None
 
 
 def test_a_model_refusing_the_resources_request_is_a_setup_problem_not_the_callers() -> None:
-    refused = UpstreamError("Unsupported parameter: 'temperature' is not supported with this model.",
-                            400)
+    refused = UpstreamRejected("Unsupported parameter: 'temperature' is not supported with this model.")
     with pytest.raises(UpstreamError) as failed:
         _run(_built(FakeModel(refused)), {"topic": "tea"})
-    assert failed.value.status == 502
+    assert type(failed.value) is UpstreamError  # a plain failure: the pipeline answers 502
     message = failed.value.message
     assert "model 'fake-chat' refused the request" in message and "TEST_PROMPTED_MODEL" in message
     assert "'temperature' is not supported" in message

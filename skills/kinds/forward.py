@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from ..errors import UpstreamAnswer, UpstreamError
+from ..errors import UpstreamAnswer, UpstreamError, UpstreamTimeout
 from ..resource_context import ResourceContext, unavailable
 from ..skill import Payload, SkillResult
 from .base import Behaviour, need_str, positive_number
@@ -90,15 +90,17 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
                 media_type = response.headers.get("Content-Type", "application/octet-stream")
                 status = response.status
         except TimeoutError:
-            raise UpstreamError(f"the upstream of '{name}' did not answer in time", 504) from None
+            raise UpstreamTimeout(f"the upstream of '{name}' did not answer in time") from None
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"the upstream of '{name}' is unreachable ({type(exc).__name__})",
-                                502) from None
+            raise UpstreamError(f"the upstream of '{name}' is unreachable ({type(exc).__name__})") from None
         if 200 <= status < 300:
             return SkillResult(body=body, status=status, media_type=media_type)
         if status == 402:
             raise UpstreamError(f"the upstream of '{name}' asked paywire for payment (402); "
-                                "the operator's account needs attention", 502)
+                                "the operator's account needs attention")
+        if status in (401, 403):  # the operator's key, not the caller's request
+            raise UpstreamError(f"the upstream of '{name}' refused paywire's key ({status}); the "
+                                f"operator's {key_env} is missing rights or wrong")
         raise UpstreamAnswer(status, body, media_type,
                              f"the upstream of '{name}' answered {status}: {_excerpt(body)}")
 
@@ -110,7 +112,7 @@ async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
     async for chunk in response.content.iter_chunked(64 * 1024):
         size += len(chunk)
         if size > limit:
-            raise UpstreamError(f"the upstream answered more than {limit} bytes", 502)
+            raise UpstreamError(f"the upstream answered more than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -29,7 +29,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from ..errors import SkillInputError, SkillUnavailableError, UpstreamError
+from ..errors import SkillInputError, SkillUnavailableError, UpstreamError, UpstreamRejected
 from ..resource_context import ResourceContext
 from ..skill import Payload, SkillResult
 from .base import Behaviour, need_str, schema_problems
@@ -128,12 +128,13 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
             try:
                 result = await operation.run(request)
             except UpstreamError as exc:
-                if exc.status == 400:  # the request is ours, not the caller's: a setup problem
+                # the request is ours, not the caller's: a setup problem
+                if isinstance(exc, UpstreamRejected):
                     exc = UpstreamError(
                         f"resource '{name}': model '{model_id()}' refused the request it was "
                         f"sent ({exc.message}); the operator's model setting "
                         f"({settings.get('model_env') or 'the resource file'}) may name a model "
-                        "without structured output or temperature", 502)
+                        "without structured output or temperature")
                 if usages:  # the retry failed: keep what the first attempt spent
                     exc.usage = spent(attempt + 1)
                     exc.upstream_cost_usd = cost
@@ -154,7 +155,7 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
                 {"role": "user", "content": f"That answer is not valid: {problem}. Answer again "
                                             "with only the JSON object the schema describes."}]}
         raise UpstreamError(f"the model gave no valid answer for '{name}' in two attempts "
-                            f"(last problem: {problem})", 502,
+                            f"(last problem: {problem})",
                             usage=spent(2), upstream_cost_usd=cost)
 
     return Behaviour(run=run, ready=ready)
@@ -198,7 +199,7 @@ def _content(body: Any) -> tuple[str, str]:
         choice = body["choices"][0]
         message = choice["message"]
     except (KeyError, IndexError, TypeError):
-        raise UpstreamError("the model answered without a message", 502) from None
+        raise UpstreamError("the model answered without a message") from None
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         refusal = message.get("refusal") if isinstance(message, dict) else None

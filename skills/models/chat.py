@@ -43,7 +43,8 @@ from .token_quotes import (
     token_quote,
     usage_record,
 )
-from .upstream import JsonBody, Target, Targets, UpstreamClient
+from .upstream import JsonBody, Target, Targets
+from .upstream_port import Upstream
 
 ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "name")
@@ -194,7 +195,7 @@ def chat_upstream_parts(body: dict[str, Any], spec: ModelSpec) -> tuple[dict[str
     return CHAT_FIELDS.forward(body), output_budget(body, spec, inner=REASONING_BUDGETS)
 
 
-def make_chat_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_chat_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     """The chat.completions endpoint of one model, on its upstreams in preference order."""
 
     def validate(body: dict[str, Any]) -> None:
@@ -211,7 +212,7 @@ def make_chat_operation(spec: ModelSpec, targets: Targets, client: UpstreamClien
                                                  json_body=lambda t: {**common,
                                                                       **budget.upstream(t.cap_field)})
         if not isinstance(answer, dict) or "choices" not in answer:
-            raise UpstreamError("the model provider answered without choices", 502)
+            raise UpstreamError("the model provider answered without choices")
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         return SkillResult(body=answer, usage=usage_record(usage, target),
@@ -225,7 +226,7 @@ def make_chat_operation(spec: ModelSpec, targets: Targets, client: UpstreamClien
     return Operation("chat.completions", run, price, validate, stream)
 
 
-async def metered_stream(client: UpstreamClient, targets: Targets, path: str,
+async def metered_stream(client: Upstream, targets: Targets, path: str,
                          upstream: dict[str, Any], spec: ModelSpec, *,
                          per_upstream: Callable[[Target], dict[str, Any]] | None = None
                          ) -> AsyncIterator[Any]:

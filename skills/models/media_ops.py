@@ -33,7 +33,7 @@ from typing import Any, TypeGuard
 
 import aiohttp
 
-from ..errors import SkillInputError, UpstreamError
+from ..errors import SkillInputError, UpstreamError, UpstreamRejected, UpstreamTimeout
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_tokens
 from ..uploads import UploadedFile
@@ -43,7 +43,8 @@ from .image_tokens import MAX_IMAGE_TOKENS, image_dimensions, image_tokens
 from .request_fields import FREE, PRICED, REFUSED, Field, FieldTable, integer, one_of, text
 from .spec import ModelSpec
 from .token_quotes import MILLION
-from .upstream import Target, Targets, UpstreamClient
+from .upstream import Target, Targets
+from .upstream_port import Upstream
 
 SPEECH_USD = (Decimal("0.001"), Decimal("5.00"))
 TRANSCRIPTION_USD = (Decimal("0.001"), Decimal("1.00"))
@@ -322,7 +323,7 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-async def _call(client: UpstreamClient, targets: Sequence[Target], path: str,
+async def _call(client: Upstream, targets: Sequence[Target], path: str,
                 build: Callable[[Target], dict[str, Any] | aiohttp.FormData]) -> tuple[bytes, Target, str]:
     """The first upstream's answer, asking one at a time: the body names that upstream's own model (a form
     field, ElevenLabs' model_id), which UpstreamClient only rewrites in JSON bodies."""
@@ -334,13 +335,13 @@ async def _call(client: UpstreamClient, targets: Sequence[Target], path: str,
                 return await client.request([target], path, form=body, raw=True)
             return await client.request([target], path, json_body=body, raw=True)
         except UpstreamError as exc:
-            if exc.status == 400:
+            if isinstance(exc, UpstreamRejected):
                 raise  # the request's fault: the next upstream would refuse it too
             failures.append(exc)
     if len(failures) == 1:
         raise failures[0]
-    status = 504 if any(f.status == 504 for f in failures) else 502
-    raise UpstreamError("; ".join(f.message for f in failures) or "no upstream configured", status)
+    kind = UpstreamTimeout if any(isinstance(f, UpstreamTimeout) for f in failures) else UpstreamError
+    raise kind("; ".join(f.message for f in failures) or "no upstream configured")
 
 
 def _json_answer(raw: bytes, required: str) -> dict[str, Any]:
@@ -349,7 +350,7 @@ def _json_answer(raw: bytes, required: str) -> dict[str, Any]:
     except ValueError:
         answer = None
     if not isinstance(answer, dict) or required not in answer:
-        raise UpstreamError(f"the model provider answered without '{required}'", 502)
+        raise UpstreamError(f"the model provider answered without '{required}'")
     return answer
 
 
@@ -362,7 +363,7 @@ def _usage(target: Target, facts: dict[str, Any], upstream: Any = None) -> dict[
 # ---------------------------------------------------------------------------------------------- operations
 
 
-def make_speech_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_speech_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _string(body, "input", required=True, max_len=SPEECH_MAX_CHARS)
         voice = body.get("voice")
@@ -383,7 +384,7 @@ def make_speech_operation(spec: ModelSpec, targets: Targets, client: UpstreamCli
         audio, target, content_type = await client.request(targets, "/audio/speech",
                                                            json_body=SPEECH_FIELDS.forward(body), raw=True)
         if not audio or content_type.startswith(("application/json", "text/")):
-            raise UpstreamError("the model provider answered without audio", 502)
+            raise UpstreamError("the model provider answered without audio")
         fmt = body.get("response_format") or "mp3"
         media_type = content_type if content_type.startswith("audio/") else SPEECH_FORMATS[fmt]
         chars = speech_characters(body)
@@ -396,7 +397,7 @@ def make_speech_operation(spec: ModelSpec, targets: Targets, client: UpstreamCli
     return Operation("audio.speech", run, price, validate)
 
 
-def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, client: UpstreamClient
+def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, client: Upstream
                                ) -> Operation:
     """Transcription (task "transcriptions") or translation into English ("translations")."""
     name = f"audio.{task}"
@@ -444,15 +445,15 @@ def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, cli
     return Operation(name, run, price, validate)
 
 
-def make_transcription_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_transcription_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     return _make_audio_text_operation("transcriptions", spec, targets, client)
 
 
-def make_translation_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_translation_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     return _make_audio_text_operation("translations", spec, targets, client)
 
 
-def make_generation_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_generation_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     """Sound effects / music from a prompt, on ElevenLabs (the catalog gives this operation no other kind
     of upstream, so every target here is an ElevenLabs one)."""
     eleven = tuple(ElevenLabsTarget.of(t) for t in targets)
@@ -473,7 +474,7 @@ def make_generation_operation(spec: ModelSpec, targets: Targets, client: Upstrea
             t, body["prompt"], duration_seconds=body.get("duration_seconds"),
             prompt_influence=body.get("prompt_influence"), loop=body.get("loop")))
         if not audio or not content_type.startswith("audio/"):
-            raise UpstreamError("the sound provider answered without audio", 502)
+            raise UpstreamError("the sound provider answered without audio")
         seconds = audio_duration(audio)
         return SkillResult(
             body=audio, media_type=content_type.split(";")[0].strip() or MEDIA_TYPE,
@@ -488,7 +489,7 @@ def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: ModelS
     answer = _json_answer(raw, "data")
     images = answer["data"]
     if not isinstance(images, list):
-        raise UpstreamError("the model provider answered without images", 502)
+        raise UpstreamError("the model provider answered without images")
     one = spec.prices.image_price(body.get("size"), body.get("quality")) or Decimal(0)
     facts = {"images": len(images), "size": body.get("size"), "quality": body.get("quality")}
     # the input tokens as the upstream reports them (GPT Image), else as quoted
@@ -515,7 +516,7 @@ def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _image_options(body, spec)
         IMAGE_FIELDS.check(body)
@@ -531,7 +532,7 @@ def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: U
     return Operation("images.generations", run, price, validate)
 
 
-def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     def validate(body: dict[str, Any]) -> None:
         _uploads(body.get("image"), "image", MAX_EDIT_IMAGES)
         if body.get("mask") is not None:

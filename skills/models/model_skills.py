@@ -12,22 +12,23 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from ..errors import UpstreamError
+from ..errors import SkillUnavailableError
 from ..skill import Operation, Payload, Skill, SkillResult
 from .catalog import Catalog
 from .chat import make_chat_operation
 from .media_ops import FACTORIES as MEDIA_FACTORIES
 from .spec import NO_ACCESS, ModelSpec, ProviderAccess
 from .text_ops import FACTORIES as TEXT_FACTORIES
-from .upstream import Target, Targets, UpstreamClient
+from .upstream import Target, Targets
+from .upstream_port import Upstream
 
-OperationFactory = Callable[[ModelSpec, Targets, UpstreamClient], Operation]
+OperationFactory = Callable[[ModelSpec, Targets, Upstream], Operation]
 # One per operation of the table (spec.OPERATIONS).
 OPERATION_FACTORIES: dict[str, OperationFactory] = {
     "chat.completions": make_chat_operation, **TEXT_FACTORIES, **MEDIA_FACTORIES}
 
 
-def build_model_skills(catalog: Catalog, client: UpstreamClient, providers: Mapping[str, ProviderAccess],
+def build_model_skills(catalog: Catalog, client: Upstream, providers: Mapping[str, ProviderAccess],
                        free: frozenset[str] = frozenset()) -> list[Skill]:
     """A skill per model of the catalog. `providers`: how to reach each provider (a provider left out
     has no key and the table's base URL). Models named in `free` (an operator's choice, e.g. a
@@ -72,9 +73,9 @@ def model_targets(catalog: Catalog, spec: ModelSpec, providers: Mapping[str, Pro
 def _unavailable(op: Operation, spec: ModelSpec, needed: list[str]) -> Operation:
     """The operation of a model no provider of which is configured: validated as usual, then refused
     (503 naming what enables it) before any quote, and if run directly (a resource's model)."""
-    def refused() -> UpstreamError:
-        return UpstreamError(f"model '{spec.id}' is not available on this gateway: set "
-                             f"{' or '.join(needed)} to enable it; nothing was charged", 503)
+    def refused() -> SkillUnavailableError:
+        return SkillUnavailableError(f"model '{spec.id}' is not available on this gateway: set "
+                                     f"{' or '.join(needed)} to enable it; nothing was charged")
 
     def price(body: Payload) -> Decimal:
         raise refused()

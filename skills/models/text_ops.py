@@ -30,7 +30,8 @@ from .token_quotes import (
     token_quote,
     usage_record,
 )
-from .upstream import Targets, UpstreamClient
+from .upstream import Targets
+from .upstream_port import Upstream
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
 MAX_PROMPTS = 2048  # prompts of one completions batch
@@ -83,7 +84,7 @@ def _strings(value: Any, name: str, *, allow_empty: bool) -> list[str]:
 def _choices_of(answer: Any) -> list[Any]:
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list):
-        raise UpstreamError("the model provider answered without choices", 502)
+        raise UpstreamError("the model provider answered without choices")
     return choices
 
 
@@ -127,7 +128,7 @@ def completions_upstream_body(body: dict[str, Any], spec: ModelSpec) -> dict[str
     return {**COMPLETIONS_FIELDS.forward(body), **output_budget(body, spec).forward}
 
 
-def make_completions_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_completions_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     """POST /v1/completions of one model: the legacy prompt API, passed through to its upstreams."""
 
     def validate(body: dict[str, Any]) -> None:
@@ -182,7 +183,7 @@ def edits_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
                        output_budget(body, spec))
 
 
-def make_edits_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_edits_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     """POST /v1/edits of one model: a chat call (system: instruction, user: input), answered in the
     legacy edit shape."""
 
@@ -203,7 +204,7 @@ def make_edits_operation(spec: ModelSpec, targets: Targets, client: UpstreamClie
             message = choice.get("message") if isinstance(choice, dict) else None
             text = message.get("content") if isinstance(message, dict) else None
             if not isinstance(text, str):
-                raise UpstreamError("the model provider answered a choice without text", 502)
+                raise UpstreamError("the model provider answered a choice without text")
             choices.append({"text": text, "index": choice.get("index", i)})
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         created = answer.get("created")
@@ -237,7 +238,7 @@ def embeddings_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     return token_quote(spec, [Input("input", input_tokens, "send fewer or shorter inputs")], None)
 
 
-def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: UpstreamClient) -> Operation:
+def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     """POST /v1/embeddings of one model; EMBEDDINGS_FIELDS go to the upstream as given (a base64
     answer is passed through untouched), nothing else."""
 
@@ -251,7 +252,7 @@ def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: Upstrea
         answer, target, _ = await client.request(targets, "/embeddings",
                                                  json_body=EMBEDDINGS_FIELDS.forward(body))
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
-            raise UpstreamError("the model provider answered without embeddings", 502)
+            raise UpstreamError("the model provider answered without embeddings")
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         return SkillResult(body=answer, usage=usage_record(usage, target),

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from .. import wire_json
-from ..errors import UpstreamError
+from ..errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504}
 
@@ -117,7 +117,7 @@ class UpstreamClient:
         if response.status in RETRYABLE or response.status in (401, 403):
             # 401/403: paywire's own key for that upstream is wrong; not the caller's fault.
             raise _Attempt(f"{target.provider} answered {response.status}: {message}")
-        raise UpstreamError(f"the model provider refused the request: {message}", status=400)
+        raise UpstreamRejected(f"the model provider refused the request: {message}")
 
     async def _each(self, targets: Targets) -> AsyncIterator[tuple[Target, int]]:
         for target in self._order(targets):
@@ -127,7 +127,7 @@ class UpstreamClient:
     def _exhausted(self, errors: list[_Attempt]) -> UpstreamError:
         timeout = any(e.timeout for e in errors)
         detail = "; ".join(e.message for e in errors[-3:]) or "no upstream configured"
-        return UpstreamError(f"every upstream failed ({detail})", status=504 if timeout else 502)
+        return (UpstreamTimeout if timeout else UpstreamError)(f"every upstream failed ({detail})")
 
     # ---- calls ----
     async def request(self, targets: Targets, path: str, *, json_body: JsonBody | None = None,
@@ -188,11 +188,11 @@ class UpstreamClient:
                 errors.append(exc)
             except TimeoutError:
                 if started:
-                    raise UpstreamError("the model provider stopped answering mid-stream", 504) from None
+                    raise UpstreamTimeout("the model provider stopped answering mid-stream") from None
                 errors.append(_Attempt(f"{target.provider} timed out", timeout=True))
             except aiohttp.ClientError as exc:
                 if started:
-                    raise UpstreamError("the model provider's stream broke off", 502) from exc
+                    raise UpstreamError("the model provider's stream broke off") from exc
                 errors.append(_Attempt(f"{target.provider} unreachable ({type(exc).__name__})"))
             self._failed(target)
         raise self._exhausted(errors)
@@ -211,7 +211,7 @@ async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[st
         *lines, pending = (pending + data).split(b"\n")
         if len(pending) > MAX_EVENT_LINE:
             raise UpstreamError("the model provider sent a stream line longer than "
-                                f"{MAX_EVENT_LINE} bytes", 502)
+                                f"{MAX_EVENT_LINE} bytes")
         for line in lines:
             event = _sse_event(line)
             if event is _DONE:
@@ -234,10 +234,10 @@ def _sse_event(line: bytes) -> Any:
     try:
         event = wire_json.loads(data)
     except ValueError:
-        raise UpstreamError("the model provider sent a malformed stream event", 502) from None
+        raise UpstreamError("the model provider sent a malformed stream event") from None
     if isinstance(event, dict) and "error" in event and "choices" not in event:
         raise UpstreamError(f"the model provider failed mid-stream: "
-                            f"{_error_message(json.dumps(event))}", 502)
+                            f"{_error_message(json.dumps(event))}")
     return event
 
 

@@ -251,7 +251,7 @@ async def run(payload: dict[str, Any], context: ResourceContext) -> SkillResult:
 def _items(answer: Any) -> list[dict[str, Any]]:
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, list) or not data or not all(isinstance(i, dict) for i in data):
-        raise UpstreamError("the image model answered without an image", 502)
+        raise UpstreamError("the image model answered without an image")
     return data
 
 
@@ -262,9 +262,9 @@ def _image(item: dict[str, Any], answer: dict[str, Any]) -> dict[str, str]:
         try:
             base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            raise UpstreamError("the image model answered image data that is not base64", 502) from None
+            raise UpstreamError("the image model answered image data that is not base64") from None
         fmt = answer.get("output_format") if isinstance(answer.get("output_format"), str) else "png"
         return {"b64_json": data, "media_type": f"image/{fmt}"}
     if isinstance(url, str) and url:
         return {"url": url}
-    raise UpstreamError("the image model answered an image without data or URL", 502)
+    raise UpstreamError("the image model answered an image without data or URL")

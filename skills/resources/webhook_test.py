@@ -57,7 +57,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
+from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError, UpstreamTimeout
 from skills.net_guard import (
     ForbiddenAddress,
     IPAddress,
@@ -365,7 +365,7 @@ async def _resolve(request: WebhookRequest, allow: tuple[IPNetwork, ...],
         if exc.errno in _NO_SUCH_NAME:
             return None
         raise UpstreamError(f"could not resolve {request.host} right now ({exc.strerror}); "
-                            "nothing was charged", status=502) from None
+                            "nothing was charged") from None
     addresses = list(dict.fromkeys(ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos))
     exchange.mark("resolved")
     exchange.resolved = [str(ip) for ip in addresses]
@@ -699,8 +699,8 @@ async def run(payload: dict[str, Any], context: ResourceContext) -> dict[str, An
                 await _send(request, addresses, body, headers, tls, exchange)
     except TimeoutError as exc:
         if exchange.phase() == "dns":  # our resolver's trouble, not the caller's endpoint
-            raise UpstreamError(f"could not resolve {request.host} within {request.timeout:g} s; "
-                                "nothing was charged", status=504) from None
+            raise UpstreamTimeout(f"could not resolve {request.host} within {request.timeout:g} s; "
+                                "nothing was charged") from None
         _record_failure(exchange, exc, request)
     except aiohttp.ClientError as exc:
         _record_failure(exchange, exc, request)
