@@ -19,7 +19,6 @@ had begun runs to its end and its result and receipt are stored on the task.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import time
 import uuid
@@ -86,9 +85,13 @@ class HttpPaymentScope:
     demanded: PaymentDemanded | None = None
     outcomes: list[Outcome] = field(default_factory=list)
 
+    def __repr__(self) -> str:  # it travels in the SDK's call context, which DEBUG logs print
+        return f"HttpPaymentScope(payment={'set' if self.payment else None})"
+
 
 # request.state / call-context state keys, filled by the HTTP layer (a2a_http):
 OWNER_STATE = "paywire_owner"  # who owns the tasks this call creates: `wallet:..` or `token:<sha256>`
+PAYMENT_STATE = "paywire_http_payment"  # the HttpPaymentScope of the HTTP request
 PRINCIPALS_STATE = "paywire_principals"  # every identity the caller proved; reads match any of them
 NOBODY = "nobody"  # the owner of a call that proved nothing (it can only read nothing)
 # Headers that prove or pay: dropped from the SDK's call context (its DEBUG logs print contexts).
@@ -107,6 +110,7 @@ class OwnerContextBuilder(DefaultServerCallContextBuilder):
                 headers.pop(name, None)
         context.state[OWNER_STATE] = getattr(request.state, OWNER_STATE, NOBODY)
         context.state[PRINCIPALS_STATE] = tuple(getattr(request.state, PRINCIPALS_STATE, ()))
+        context.state[PAYMENT_STATE] = getattr(request.state, PAYMENT_STATE, None)
         return context
 
 
@@ -121,8 +125,12 @@ def caller_principals(context: ServerCallContext) -> tuple[str, ...]:
     return tuple(context.state.get(PRINCIPALS_STATE, ()))
 
 
-http_payment_scope: contextvars.ContextVar[HttpPaymentScope | None] = contextvars.ContextVar(
-    "paywire_http_payment_scope", default=None)
+def http_scope(context: RequestContext) -> HttpPaymentScope | None:
+    """The HTTP request's payment slot, handed over in the SDK's call context (a2a_http puts it in
+    the request state; OwnerContextBuilder copies it)."""
+    state = context.call_context.state if context.call_context else {}
+    scope = state.get(PAYMENT_STATE)
+    return scope if isinstance(scope, HttpPaymentScope) else None
 
 
 def _struct(data: dict[str, Any]) -> Struct:
@@ -145,11 +153,9 @@ def _dump(model: Any) -> dict[str, Any]:
 
 
 class PaywireExecutor(AgentExecutor):
-    def __init__(self, gateway: Gateway, rpc_url: str, payment_window_seconds: float = 900,
-                 store: TaskStore | None = None) -> None:
+    def __init__(self, gateway: Gateway, rpc_url: str, store: TaskStore | None = None) -> None:
         self.gateway = gateway
         self.rpc_url = rpc_url
-        self.payment_window = payment_window_seconds
         self.store = store  # where a task is saved when the SDK dropped its queue (shutdown)
         self._running: set[str] = set()  # tasks with a call in the pipeline (it may settle)
         self._canceling: set[str] = set()  # tasks a cancel holds: no payment for them starts
@@ -245,14 +251,14 @@ class PaywireExecutor(AgentExecutor):
                 {"skill": call.skill_id, "input": call.input, "operation": call.operation})}))
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
-        scope = http_payment_scope.get()
+        scope = http_scope(context)
         payment = scope.payment if scope is not None else None
         if payment is not None:
             await updater.start_work()
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
             stream=True, operation=call.operation))
-        await self._finish(updater, outcome, paid_attempt=payment is not None)
+        await self._finish(updater, outcome, scope, paid_attempt=payment is not None)
 
     async def _pay_pending(self, context: RequestContext, event_queue: _Recorder, task: Task,
                            meta: dict[str, Any]) -> None:
@@ -263,12 +269,11 @@ class PaywireExecutor(AgentExecutor):
                 message=f"task {task.id} is not waiting for a payment (state "
                         f"{TaskState.Name(task.status.state)})", data={"field": "message.taskId"})
         request = json.loads(stored)
-        waited = time.time() - task.status.timestamp.ToDatetime(UTC).timestamp()
-        if waited > self.payment_window:
+        late = self.gateway.late_payment(
+            time.time() - task.status.timestamp.ToDatetime(UTC).timestamp())
+        if late is not None:
             await updater.failed(_agent_message(
-                task.context_id, task.id,
-                f"this task waited {waited:.0f}s for payment, longer than the "
-                f"{self.payment_window:.0f}s window; send the request again for a fresh quote",
+                task.context_id, task.id, late,
                 {STATUS_KEY: "payment-failed", ERROR_KEY: "payment_window_expired",
                  RECEIPTS_KEY: []}))
             return
@@ -285,10 +290,10 @@ class PaywireExecutor(AgentExecutor):
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
             payment=Payment.from_object(payload, PAYLOAD_KEY), stream=True,
             operation=request.get("operation")))
-        await self._finish(updater, outcome, paid_attempt=True)
+        await self._finish(updater, outcome, http_scope(context), paid_attempt=True)
 
-    async def _finish(self, updater: TaskUpdater, outcome: Outcome, *, paid_attempt: bool) -> None:
-        scope = http_payment_scope.get()
+    async def _finish(self, updater: TaskUpdater, outcome: Outcome, scope: HttpPaymentScope | None,
+                      *, paid_attempt: bool) -> None:
         if scope is not None:
             scope.outcomes.append(outcome)
         ctx, tid = updater.context_id, updater.task_id

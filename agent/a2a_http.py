@@ -30,9 +30,9 @@ from starlette.requests import cookie_parser
 from .a2a_executor import (
     NOBODY,
     OWNER_STATE,
+    PAYMENT_STATE,
     PRINCIPALS_STATE,
     HttpPaymentScope,
-    http_payment_scope,
 )
 from .a2a_messages import (
     TOKEN_KEY,
@@ -140,12 +140,9 @@ class A2AHttpLayer:
             return await receive()
 
         pay_scope = HttpPaymentScope(payment=payment_from(headers))
-        token = http_payment_scope.set(pay_scope)
-        try:
-            await self.app(scope, replay, _PaymentAwareSend(
-                send, pay_scope, scope, receive, minted, self._token_headers(minted)))
-        finally:
-            http_payment_scope.reset(token)
+        scope = {**scope, "state": {**scope["state"], PAYMENT_STATE: pay_scope}}
+        await self.app(scope, replay, _PaymentAwareSend(
+            send, pay_scope, scope, receive, minted, self._token_headers(minted)))
 
     async def _principals(self, rpc: Any, method: Any, headers: dict[str, str]
                           ) -> tuple[list[str], bool]:

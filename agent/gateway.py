@@ -155,12 +155,22 @@ DEFAULT_MODELS = {"images.generations": "dall-e-2", "images.edits": "dall-e-2"}
 
 class Gateway:
     def __init__(
-        self, registry: SkillRegistry, processor: PaymentProcessor, ledger: Ledger
+        self, registry: SkillRegistry, processor: PaymentProcessor, ledger: Ledger,
+        *, payment_window_seconds: float = 900,
     ) -> None:
         self.registry = registry
+        self.payment_window_seconds = payment_window_seconds
         self.catalogue = Catalogue(registry)  # what faces may read of the registry
         self.processor = processor
         self.ledger = ledger
+
+    def late_payment(self, waited_seconds: float) -> str | None:
+        """Why a payment arriving `waited_seconds` after its quote (an A2A task waiting in
+        input-required) is refused, or None while the quote's window is open."""
+        if waited_seconds <= self.payment_window_seconds:
+            return None
+        return (f"this task waited {waited_seconds:.0f}s for payment, longer than the "
+                f"{self.payment_window_seconds:.0f}s window; send the request again for a fresh quote")
 
     @staticmethod
     def default_model(operation: str) -> str | None:
