@@ -209,8 +209,7 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
     # Table "tasks" (a custom name breaks a second store in one process); owner = the creator.
     store = OwnedTaskStore(engine, owner_resolver=task_owner)
     handler = PaywireRequestHandler(
-        agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a",
-                                       settings.a2a_payment_timeout_seconds, store=store),
+        agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a", store=store),
         task_store=store,
         agent_card=card,
         interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),
@@ -239,7 +238,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     registry = build_registry(settings, upstreams, resources)
     processor = build_payments(settings, devnet)
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
-    gateway = Gateway(registry, processor, ledger)
+    gateway = Gateway(registry, processor, ledger,
+                      payment_window_seconds=settings.a2a_payment_timeout_seconds)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
