@@ -80,6 +80,7 @@ class CallRequest:
     payload: dict[str, Any] | None
     resource_url: str
     payment: Payment | None = None
+    skill: Skill | None = None  # the skill the face already resolved (saves a second lookup)
     stream: bool = False  # the caller takes chunks as they come, when the skill streams
     operation: str | None = None  # a model's endpoint (chat.completions...); None: the default
 
@@ -182,7 +183,7 @@ class Gateway:
 
     async def call(self, req: CallRequest) -> Outcome:
         t = Timings()
-        skill = self.registry.get(req.skill_id)
+        skill = req.skill or self.registry.get(req.skill_id)
         if skill is None:
             return Refused(
                 t, 404, "unknown_skill",
@@ -194,9 +195,9 @@ class Gateway:
         probe = not payload and req.payment is None
         with t.stage("quote"):
             try:
-                op = skill.operation(req.operation)
+                op = skill.operation(req.operation)  # resolved once, used by every stage
                 if not probe:
-                    skill.validate(payload, req.operation)
+                    skill.validate(payload, op)
                 atomic = usd_to_atomic(Decimal(op.pricer(payload)))
             except SkillError as exc:  # bad input, or the skill cannot run here: before any quote
                 return _refusal(t, exc, before_quote=True)
@@ -389,7 +390,7 @@ class Gateway:
         with t.stage("run"):
             try:
                 if not validated:
-                    skill.validate(payload, req.operation)
+                    skill.validate(payload, op)
                 if req.stream and op.streamer is not None:
                     return Delivered(t, SkillResult(body=None),
                                      stream=_without_usage(op.streamer(payload)))

@@ -80,12 +80,14 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
 
     async def invoke(request: Request) -> Response:
         resource_id = request.path_params["resource_id"]
-        if gateway.catalogue.get(resource_id) is None:
+        skill = gateway.catalogue.get(resource_id)
+        if skill is None:
             raise HttpProblem(404, "unknown_resource", f"no resource named '{resource_id}'; GET "
                               "/api/marketplace/apis lists them", "resource_id")
         payload = await read_json_object(request, max_body_bytes, param="body")
         outcome = await gateway.call(CallRequest(
             skill_id=resource_id,
+            skill=skill,
             payload=payload,
             resource_url=f"{base_url}/v1/marketplace/api/{resource_id}",
             payment=payment_from(request.headers),

@@ -149,7 +149,7 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
         body = await read_json_object(request, max_body_bytes)
         skill = model_skill(gateway, body, operation)
         outcome = await gateway.call(CallRequest(
-            skill_id=skill.id, payload=body, resource_url=f"{base_url}{path}",
+            skill_id=skill.id, skill=skill, payload=body, resource_url=f"{base_url}{path}",
             payment=payment_from(request.headers), stream=body.get("stream") is True, operation=operation))
         return respond(outcome)
 

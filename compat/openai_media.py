@@ -190,7 +190,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
     async def call(request: Request, path: str, operation: str, payload: dict[str, Any]) -> Response:
         skill = model_skill(gateway, payload, operation)
         return respond(await gateway.call(CallRequest(
-            skill_id=skill.id, payload=payload, resource_url=f"{base_url}{path}",
+            skill_id=skill.id, skill=skill, payload=payload, resource_url=f"{base_url}{path}",
             payment=payment_from(request.headers), operation=operation)))
 
     async def image_generations(request: Request) -> Response:

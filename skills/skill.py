@@ -85,6 +85,8 @@ class Skill:
             raise ValueError(f"skill {self.id!r} has neither a fixed price nor a pricer")
         self._schema = Draft202012Validator(self.input_schema)
         self._any_object = self.input_schema == _ANY_OBJECT
+        # a resource's one implicit operation, built once (not per call)
+        self._default = Operation("default", self.run, self._own_price, self.validator, self.streamer)
 
     def operation(self, name: str | None = None) -> Operation:
         """The endpoint a call runs: named, or the skill's default. SkillInputError if unknown."""
@@ -92,7 +94,7 @@ class Skill:
             if name not in (None, "", "default"):
                 raise SkillInputError(
                     f"skill '{self.id}' has a single operation; leave 'operation' out", "operation")
-            return Operation("default", self.run, self._own_price, self.validator, self.streamer)
+            return self._default
         if name in (None, ""):
             return next(iter(self.operations.values()))
         try:
@@ -110,15 +112,16 @@ class Skill:
         assert self.price_usd is not None
         return self.price_usd
 
-    def validate(self, payload: Payload, operation: str | None = None) -> None:
-        """Raise SkillInputError naming the field when the payload cannot run."""
+    def validate(self, payload: Payload, operation: Operation | str | None = None) -> None:
+        """Raise SkillInputError naming the field when the payload cannot run. `operation` is
+        the resolved Operation (the pipeline resolves it once) or its name."""
         # a model's schema is just {"type": "object"}: its operation's validator does the work
         trivial = self._any_object and isinstance(payload, dict)
         error = None if trivial else best_match(self._schema.iter_errors(payload))
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or None
             raise SkillInputError(_schema_message(error, where), field=where)
-        op = self.operation(operation)
+        op = operation if isinstance(operation, Operation) else self.operation(operation)
         if op.validator is not None:
             op.validator(payload)
 
