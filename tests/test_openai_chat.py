@@ -64,7 +64,7 @@ def test_official_openai_client_pays_for_a_chat_completion(env: Env) -> None:
     assert forwarded.headers["authorization"] == "Bearer sk-test-openai"
     assert forwarded.json["model"] == "gpt-4o-mini" and forwarded.json["messages"] == MESSAGES
     rows = env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")
-    usage = json.loads(rows[-1]["usage"])
+    usage = rows[-1]["usage"]
     assert usage["provider"] == "openai" and usage["prompt_tokens"] == answer.usage.prompt_tokens
 
 
@@ -160,7 +160,7 @@ def test_stream_first_chunk_arrives_before_the_upstream_finishes_and_disconnect_
     assert json.loads(first.removeprefix("data: "))["object"] == "chat.completion.chunk"
     # paywire notices the client left and records a partial delivery for the settled payment...
     deadline = time.monotonic() + 10
-    while not any("partial" in (row["usage"] or "") for row in
+    while not any((row["usage"] or {}).get("delivery") == "partial" for row in
                   env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")):
         assert time.monotonic() < deadline, "no partial delivery recorded"
         time.sleep(0.02)  # polling the ledger with a deadline
@@ -260,7 +260,7 @@ def test_a_stream_records_the_upstreams_usage_even_when_the_caller_did_not_ask_f
                 if q.path.endswith("/chat/completions")][-1]
     assert upstream.json["stream_options"] == {"include_usage": True}  # asked for the ledger's sake
     row = env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")[-1]
-    usage = json.loads(row["usage"])
+    usage = row["usage"]
     assert usage["delivery"] == "complete" and usage["chunks"] == len(chunks)
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
     spec = load_catalog().models["gpt-4o-mini"]

@@ -124,7 +124,7 @@ def _atomic(quote: Any, body: dict[str, Any]) -> int:
 
 def _last_usage(env: Env, model: str) -> dict[str, Any]:
     rows = env.gateway.ledger_rows(skill_id=model, state="settled")
-    return json.loads(rows[-1]["usage"])
+    return rows[-1]["usage"]
 
 
 def _quoted(response: httpx.Response) -> int:

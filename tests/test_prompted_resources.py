@@ -216,7 +216,7 @@ def test_a_paid_call_answers_the_models_validated_json(
 
     row = _last_row(gateway, resource)
     assert row["state"] == "settled" and row["amount_atomic"] == PRICES[resource]
-    usage = json.loads(row["usage"])
+    usage = row["usage"]
     assert usage["model"] == "gpt-4o-mini" and usage["attempts"] == 1
     [call] = usage["calls"]
     assert call["provider"] == "openai" and call["completion_tokens"] == word_tokens(text)
@@ -242,7 +242,7 @@ def test_an_invalid_answer_is_retried_once_with_the_problem_explained(
     assert retry["role"] == "user" and retry["content"].startswith("That answer is not valid: at ")
     assert second.json["response_format"] == first.json["response_format"]
     row = _last_row(gateway, resource)
-    usage = json.loads(row["usage"])
+    usage = row["usage"]
     assert row["state"] == "settled" and usage["attempts"] == 2 and len(usage["calls"]) == 2
     assert Decimal(row["upstream_cost_usd"]) == _cost(first, bad) + _cost(second, good)
 
@@ -266,7 +266,7 @@ def test_two_invalid_answers_are_a_502_and_nothing_is_charged(
     assert row["state"] == "released" and "two attempts" in row["error"]
     # not charged, but what the model cost the operator is on the row
     first, second = _chats(upstream)
-    assert json.loads(row["usage"])["attempts"] == 2
+    assert row["usage"]["attempts"] == 2
     assert Decimal(row["upstream_cost_usd"]) == _cost(first, prose) + _cost(second, invalid) > 0
 
 

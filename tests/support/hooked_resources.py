@@ -21,7 +21,7 @@ class Boom:
 class UpstreamDown:
     @staticmethod
     async def run(payload: dict[str, Any]) -> dict[str, Any]:
-        raise UpstreamError("the test upstream answered 503", status=502)
+        raise UpstreamError("the test upstream answered 503")
 
 
 class Hooked:
@@ -66,3 +66,8 @@ class Streamer:
 async def shout(payload: dict[str, Any], context: Any) -> dict[str, Any]:
     """A `module:function` handler that takes the ResourceContext: reads a setting from it."""
     return {"text": str(payload.get("text", "")).upper(), "suffix": context.env("TEST_SHOUT_SUFFIX")}
+
+
+async def variables(payload: dict[str, Any], context: Any) -> dict[str, Any]:
+    """What a resource can read of the operator's environment: the named variables' values."""
+    return {name: context.env(name) for name in payload.get("names", [])}

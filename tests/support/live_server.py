@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
-import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 
-from agent.app import Runtime, create_app
+from agent.app import Runtime, create_app, make_engine
 from agent.settings import Settings
+from payments.ledger import Ledger
+
+T = TypeVar("T")
+
+
+class LedgerReader:
+    """The server's ledger read through `payments.ledger.Ledger`, as an operator would: its own
+    engine on the same database, on a private event loop in a daemon thread (the server's loop
+    owns the server's engine). Callable from sync tests and from async ones alike."""
+
+    def __init__(self, db_url: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ledger-reader",
+                                        daemon=True)
+        self._thread.start()
+        self._engine = make_engine(db_url)
+        self.ledger = Ledger(self._engine)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def rows(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.run(self.ledger.list(**filters))
+
+    def close(self) -> None:
+        try:
+            self.run(self._engine.dispose())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=15)
+            self._loop.close()
 
 
 @dataclass
@@ -23,29 +55,25 @@ class LiveServer:
     data_dir: Path
     _server: uvicorn.Server
     _thread: threading.Thread
+    _reader: LedgerReader | None = field(default=None, init=False, repr=False)
 
     @property
     def devnet(self) -> Any:
         return self.runtime.devnet
 
     def ledger_rows(self, **filters: Any) -> list[dict[str, Any]]:
-        """Ledger rows read straight from the SQLite file (the server's loop owns its engine)."""
-        db = self.runtime.settings.db_url.split("///", 1)[1]
-        con = sqlite3.connect(db)
-        con.row_factory = sqlite3.Row
-        try:
-            where = " AND ".join(f"{k} = ?" for k in filters) or "1=1"
-            rows = con.execute(
-                f"SELECT * FROM paywire_payments WHERE {where} ORDER BY created_at",
-                tuple(filters.values()),
-            ).fetchall()
-            return [dict(r) for r in rows]
-        finally:
-            con.close()
+        """Ledger rows matching equality filters, oldest first, through `Ledger.list` (typed
+        values: `usage` a dict, timestamps datetimes)."""
+        if self._reader is None:
+            self._reader = LedgerReader(self.runtime.settings.db_url)
+        return self._reader.rows(**filters)
 
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=15)
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
 
 def bound_socket() -> tuple[socket.socket, int]:
