@@ -41,7 +41,7 @@ from .a2a_messages import (
     coerce_numbers,
     parse_skill_call_json,
 )
-from .gateway import CallRequest, Gateway, PaymentDemanded
+from .gateway import CallRequest, Gateway, PaymentDemanded, Refused
 from .http_io import InvalidJson, json_bytes, parse_json, payment_from, receipt_headers, render
 from .identity import (
     SIWX_HEADER,
@@ -182,8 +182,9 @@ class A2AHttpLayer:
                 (b"set-cookie", cookie.encode())]
 
     async def _quote_if_unpaid(self, rpc: dict[str, Any], headers: dict[str, str]
-                               ) -> PaymentDemanded | None:
-        """HTTP 402 for an unpaid call to a paid skill from a client without the extension."""
+                               ) -> PaymentDemanded | Refused | None:
+        """HTTP 402 for an unpaid call to a paid skill from a client without the extension (or the
+        503 while payments are not ready)."""
         if "payment-signature" in headers or "x-payment" in headers:
             return None
         requested = {v.strip() for h in ("a2a-extensions", "x-a2a-extensions")
@@ -203,7 +204,10 @@ class A2AHttpLayer:
             return None
         outcome = await self.gateway.call(CallRequest(call.skill_id, call.input, self.rpc_url,
                                                       operation=call.operation))
-        return outcome if isinstance(outcome, PaymentDemanded) else None
+        if isinstance(outcome, PaymentDemanded):
+            return outcome
+        # payments not ready: the HTTP answer a plain x402 client retries on (503, Retry-After)
+        return outcome if isinstance(outcome, Refused) and outcome.retry_after is not None else None
 
 
 class _PaymentAwareSend:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -21,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from compat import marketplace, openai_api
+from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavailable
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
 from payments.ledger import Ledger
 from payments.processor import PaymentProcessor, PayTo
@@ -31,7 +33,13 @@ from skills.models.spec import ProviderAccess
 from skills.models.upstream import UpstreamClient
 from skills.registry import SkillRegistry
 from skills.resource_context import ResourceContext
-from skills.resource_files import BUILTIN_DIR, load_entry_points, load_resource_dirs
+from skills.resource_files import (
+    BUILTIN_DIR,
+    ResourceFileError,
+    check_resource_dirs,
+    load_entry_points,
+    load_resource_dirs,
+)
 from wellknown import agent_card
 
 from . import hygiene
@@ -55,6 +63,7 @@ class Runtime:
     processor: PaymentProcessor
     gateway: Gateway
     devnet: Any | None = None
+    upstreams: UpstreamClient | None = None  # the model providers' client (its retry settings)
 
 
 class ServerTimingTotal:
@@ -79,6 +88,9 @@ class ServerTimingTotal:
             await send(message)
 
         await self.app(scope, receive, timed_send)
+
+
+RETRY_AFTER_SECONDS = 5
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -133,30 +145,46 @@ def make_engine(url: str) -> AsyncEngine:
 def build_registry(settings: Settings, upstreams: UpstreamClient,
                    context: ResourceContext | None = None) -> SkillRegistry:
     """Marketplace resources (built-in files, the operator's folders, installed packages), then
-    every sellable model of the model table."""
+    every sellable model of the model table. Resources see only the variables resource files
+    declare; models only their providers' keys and base URLs. ConfigError naming every bad file."""
     registry = SkillRegistry()
-    context = context or ResourceContext(environ=settings.environ)
+    context = context or ResourceContext()
     context.find_skill = registry.get
-    load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs], context)
-    load_entry_points(registry, context)
+    problems = check_resource_dirs(settings.resource_dirs)
+    if problems:  # every bad file of the operator's folders, in one message
+        raise ConfigError.of([f"PAYWIRE_RESOURCE_DIRS: {p}" for p in problems])
+    try:
+        load_resource_dirs(registry, [BUILTIN_DIR, *settings.resource_dirs], context)
+        load_entry_points(registry, context)
+    except ResourceFileError as exc:  # an installed package's resources
+        raise ConfigError(f"resources of {exc}") from None
+    except ValueError as exc:  # two resources with one id (the registry names both sources)
+        raise ConfigError(f"resources: {exc}") from None
+    context.environ = settings.variables(context.declared)
     try:
         catalog = load_catalog(settings.models_file, margin=settings.model_margin)
-    except CatalogError as exc:  # every problem of the file, in one message
-        raise ConfigError(str(exc)) from None
+    except CatalogError as exc:  # every problem of the file, in one message (one line)
+        where = f"PAYWIRE_MODELS_FILE {exc.path}" if settings.models_file else str(exc.path)
+        problems = (f"{len(exc.problems)} problems in the model table: " if len(exc.problems) > 1
+                    else "") + "; ".join(exc.problems)
+        raise ConfigError(f"{where}: {problems}", exc.problems) from None
     for warning in catalog.warnings:
         log.warning("model table: %s", warning)
     unknown = settings.free_models - set(catalog.models)
     if unknown:
         raise ConfigError(f"PAYWIRE_FREE_MODELS names models not in the table: {sorted(unknown)}")
-    for skill in build_model_skills(catalog, upstreams, provider_access(catalog, settings.environ),
+    names = [n for v in catalog.provider_variables().values() for n in (v.api_key, v.base_url) if n]
+    for skill in build_model_skills(catalog, upstreams,
+                                    provider_access(catalog, settings.variables(names)),
                                     free=settings.free_models):
         registry.add(skill)
     return registry
 
 
 def provider_access(catalog: Catalog, environ: Mapping[str, str]) -> dict[str, ProviderAccess]:
-    """Each model provider's key and base URL, read from the variables the model table names for it
-    (e.g. OPENAI_API_KEY, OPENAI_BASE_URL; LOCAL_LLM_BASE_URL); blank counts as unset."""
+    """Each model provider's key and base URL, from the values of the variables the model table names
+    for it (e.g. OPENAI_API_KEY, OPENAI_BASE_URL; LOCAL_LLM_BASE_URL): the assembly passes
+    `Settings.variables` of exactly those. Blank counts as unset."""
     def read(name: str | None) -> str | None:
         value = (environ.get(name) or "").strip() if name else ""
         return value or None
@@ -166,6 +194,9 @@ def provider_access(catalog: Catalog, environ: Mapping[str, str]) -> dict[str, P
 
 
 def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
+    """The payment processor, started: it knows the facilitator's supported kinds. A remote
+    facilitator that does not answer yet leaves it not ready (the lifespan keeps asking); one that
+    answers but is not a facilitator for the configured networks is a ConfigError."""
     if devnet is not None:
         evm_signer, svm_signer = devnet.signers()
         facilitator: Any = in_process_facilitator(
@@ -174,12 +205,13 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
     else:
         networks = list(settings.networks)
         if settings.facilitator_url:
-            facilitator = remote_facilitator(settings.facilitator_url)
+            facilitator = remote_facilitator(settings.facilitator_url,
+                                             timeout=settings.facilitator_timeout_seconds)
         else:
             evm_signer, svm_signer = rpc_signers(
-                evm_key=settings.evm_facilitator_key, evm_rpc_url=settings.evm_rpc_url,
-                solana_key=settings.solana_facilitator_key,
-                solana_rpc_url=settings.solana_rpc_url)
+                evm_key=settings.secret("evm_facilitator_key"), evm_rpc_url=settings.evm_rpc_url or "",
+                solana_key=settings.secret("solana_facilitator_key"),
+                solana_rpc_url=settings.solana_rpc_url or "")
             facilitator = in_process_facilitator(
                 networks, evm_signer=evm_signer, svm_signer=svm_signer)
         pay_to = [
@@ -188,7 +220,19 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
         ]
     processor = PaymentProcessor(facilitator, pay_to,
                                  max_timeout_seconds=settings.max_timeout_seconds)
-    processor.start()
+    remote = bool(settings.facilitator_url) and devnet is None
+    where = "PAYWIRE_FACILITATOR_URL" if remote else "PAYWIRE_NETWORKS"
+    try:
+        processor.start()
+    except FacilitatorMismatch as exc:
+        if not remote:
+            raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}; expected the base URL of an x402 facilitator that settles "
+                          f"{', '.join(n.v1_name for n in processor.networks)} (its GET /supported "
+                          "lists the payment kinds it settles)") from None
+    except FacilitatorUnavailable as exc:
+        log.warning("payments are not ready: %s; paywire serves meanwhile (GET /readyz answers 503, "
+                    "paid calls 503 without charging) and asks again (%s)", exc, where)
     return processor
 
 
@@ -233,14 +277,20 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
             raise ConfigError(str(exc)) from None
     engine = make_engine(settings.db_url)
     ledger = Ledger(engine)
-    upstreams = UpstreamClient()
-    resources = ResourceContext(environ=settings.environ)
+    upstreams = UpstreamClient(
+        connect_timeout=settings.upstream_connect_timeout_seconds,
+        read_timeout=settings.upstream_read_timeout_seconds,
+        retries_per_upstream=settings.upstream_retries,
+        backoff_seconds=settings.upstream_backoff_seconds,
+        failures_before_cooldown=settings.upstream_failures_before_cooldown,
+        cooldown_seconds=settings.upstream_cooldown_seconds)
+    resources = ResourceContext()  # build_registry gives it the declared variables only
     registry = build_registry(settings, upstreams, resources)
     processor = build_payments(settings, devnet)
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     gateway = Gateway(registry, processor, ledger,
                       payment_window_seconds=settings.a2a_payment_timeout_seconds)
-    runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet)
+    runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
@@ -250,19 +300,35 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await ledger.create_tables()
         await task_store.initialize()
+        asking = None if processor.ready else asyncio.create_task(
+            processor.keep_starting(max_delay=settings.facilitator_retry_max_seconds))
         yield
+        if asking is not None:
+            asking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asking
         await a2a_handler.aclose()
         await upstreams.aclose()
         await resources.aclose()
         await engine.dispose()
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "devnet": devnet is not None,
+        """Liveness: the process serves (`ready` says whether paid calls can be taken)."""
+        return JSONResponse({"status": "ok", "ready": processor.ready, "devnet": devnet is not None,
                              "skills": len(registry)})
 
-    route_list: list[Any] = [Route("/health", health, methods=["GET"])]
+    async def readyz(request: Request) -> Response:
+        """Readiness: 200 when paid calls can be taken, else 503 saying what is not ready."""
+        if processor.ready:
+            return JSONResponse({"ready": True})
+        return JSONResponse({"ready": False, "not_ready": {"payments": processor.waiting_for}},
+                            503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+    route_list: list[Any] = [Route("/health", health, methods=["GET"]),
+                             Route("/readyz", readyz, methods=["GET"])]
     # the model routes first: they carry most traffic and routes are matched in order
-    route_list += openai_api.routes(gateway, settings.max_body_bytes, settings.base_url)
+    route_list += openai_api.routes(gateway, settings.max_body_bytes, settings.base_url,
+                                    max_upload_bytes=settings.max_upload_bytes)
     route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
     route_list += a2a
     route_list += agent_card.routes(card_factory)

@@ -1,4 +1,5 @@
-"""The `paywire` command: serve the gateway, pay for a call, check a resource file."""
+"""The `paywire` command: serve the gateway, show its configuration, pay for a call, check a
+resource file."""
 
 from __future__ import annotations
 
@@ -7,11 +8,30 @@ import asyncio
 import json
 import os
 import sys
+import textwrap
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .settings import ConfigError, Settings
+from .settings import ConfigError, PayerSettings, Settings, looks_secret
+from .version import VERSION
+
+CONFIG_ERROR = 2  # the exit code of every configuration problem
+
+
+def _config_error(exc: ConfigError, command: str = "paywire") -> int:
+    """One line naming every problem, never a traceback."""
+    print(f"{command}: configuration error: {' '.join(str(exc).split())}", file=sys.stderr)
+    return CONFIG_ERROR
+
+
+def _serve_settings(args: argparse.Namespace) -> Settings:
+    env = dict(os.environ)
+    if getattr(args, "host", None):
+        env["PAYWIRE_HOST"] = args.host
+    if getattr(args, "port", None):
+        env["PAYWIRE_PORT"] = str(args.port)
+    return Settings.from_env(env)
 
 
 def _banner(settings: Settings, devnet: object) -> str:
@@ -37,16 +57,10 @@ def _banner(settings: Settings, devnet: object) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    env = dict(os.environ)
-    if args.host:
-        env["PAYWIRE_HOST"] = args.host
-    if args.port:
-        env["PAYWIRE_PORT"] = str(args.port)
     try:
-        settings = Settings.from_env(env)
+        settings = _serve_settings(args)
     except ConfigError as exc:
-        print(f"paywire: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
     devnet = None
     if settings.devnet:
         from payments.devnet import Devnet, DevnetNotInstalled, check_installed
@@ -57,8 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             devnet = Devnet(load_or_create_keys(settings.data_dir))
         except DevnetNotInstalled as exc:  # a production install (`pip install .`) on devnet settings
             print(f"paywire: {exc}", file=sys.stderr)
-            return 2
-        print(_banner(settings, devnet), file=sys.stderr, flush=True)
+            return CONFIG_ERROR
     from .app import create_app
     from .hygiene import configure_logging
     from .serving import serve
@@ -68,11 +81,68 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         app = create_app(settings, devnet=devnet)
     except ConfigError as exc:
-        print(f"paywire: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _config_error(exc)
+    if devnet is not None:
+        print(_banner(settings, devnet), file=sys.stderr, flush=True)
     serve(app, host=settings.host, port=settings.port, log_level=args.log_level,
           header_timeout=settings.header_timeout_seconds, body_timeout=settings.body_timeout_seconds)
     return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """The effective configuration, secrets masked; the variables resource files declare too.
+    Exits 2 with the one-line message `paywire serve` would stop with."""
+    from skills.resource_files import (
+        BUILTIN_DIR,
+        ResourceFileError,
+        check_resource_dirs,
+        declared_variables,
+        read_resource_file,
+    )
+
+    try:
+        settings = _serve_settings(args)
+        problems = check_resource_dirs(settings.resource_dirs)
+        if problems:
+            raise ConfigError.of([f"PAYWIRE_RESOURCE_DIRS: {p}" for p in problems])
+    except ConfigError as exc:
+        return _config_error(exc)
+    rows = [(variable, value, "environment" if given else "default")
+            for variable, value, given in settings.effective()]
+    known = {row[0] for row in rows}
+    declared: dict[str, None] = {}
+    for folder in [BUILTIN_DIR, *settings.resource_dirs]:
+        for path in sorted(folder.glob("*.json")):
+            try:
+                declared.update(dict.fromkeys(declared_variables(read_resource_file(path))))
+            except ResourceFileError:  # checked above
+                continue
+    resource_rows = []
+    for variable in (v for v in declared if v not in known):
+        value = settings.variables([variable]).get(variable, "")
+        shown = "********" if value and looks_secret(variable) else value
+        resource_rows.append((variable, shown, "environment" if value else "unset"))
+    width = max(len(r[0]) for r in rows + resource_rows)
+    print(f"# paywire {VERSION}: effective configuration (secrets masked); "
+          "`paywire serve --help` says what each setting means")
+    for variable, value, source in rows:
+        print(f"{variable:<{width}}  {value or '-'}  ({source})")
+    print("# read by resources (declared by their files' env and *_env fields)")
+    for variable, value, source in resource_rows:
+        print(f"{variable:<{width}}  {value or '-'}  ({source})")
+    return 0
+
+
+def _settings_help() -> str:
+    """Every setting, its default and meaning, for `paywire serve --help`."""
+    lines = ["settings (environment variables; `paywire config` prints the effective values):"]
+    for variable, default, meaning in Settings.reference():
+        text = f"{variable} (default {default}): {meaning}" if default != "-" else f"{variable}: {meaning}"
+        lines += textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="      ")
+    lines.append("  Resource files declare the variables they read (`env`, `*_env` fields), e.g. "
+                 "NANSEN_API_KEY;")
+    lines.append("  `paywire config` lists them.")
+    return "\n".join(lines)
 
 
 def _demo_keys(data_dir: Path) -> object | None:
@@ -106,13 +176,17 @@ def cmd_pay(args: argparse.Namespace) -> int:
         print(f"paywire pay: --max must be a USD amount such as 0.10, got {args.max!r}",
               file=sys.stderr)
         return 2
-    secret = os.environ.get("PAYWIRE_PAYER_KEY", "").strip()
-    solana_rpc = args.solana_rpc or os.environ.get("PAYWIRE_SOLANA_RPC_URL") or None
+    try:
+        payer = PayerSettings.from_env()
+    except ConfigError as exc:
+        return _config_error(exc, "paywire pay")
+    secret = payer.payer_key.get_secret_value() if payer.payer_key else ""
+    solana_rpc = args.solana_rpc or payer.solana_rpc_url or None
     try:
         if secret:
             keys = PayerKeys.from_secret(secret)
         else:
-            demo = _demo_keys(Path(os.environ.get("PAYWIRE_DATA_DIR", ".paywire")))
+            demo = _demo_keys(payer.data_dir)
             if demo is None:
                 raise PayError("no payer key: set PAYWIRE_PAYER_KEY, or run `paywire serve` "
                                "(devnet) from this folder first to create the demo payer")
@@ -206,15 +280,28 @@ def _resource_paths(names: list[str]) -> list[Path]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="paywire", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"paywire {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway (devnet unless configured)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
+    serve = sub.add_parser("serve", help="run the gateway (devnet unless configured)",
+                           description="Run the gateway: devnet unless PAYWIRE_NETWORKS names real "
+                           "networks. A configuration problem stops it with one line naming every "
+                           f"variable at fault (exit code {CONFIG_ERROR}).",
+                           epilog=_settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--host", help="address to listen on (overrides PAYWIRE_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (overrides PAYWIRE_PORT)")
     serve.add_argument("--log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"],
                        help="log level (default: info; info and below log each request)")
     serve.set_defaults(func=cmd_serve)
+
+    config = sub.add_parser("config", help="print the effective configuration (secrets masked)",
+                            description="Print every setting's effective value (secrets masked) and "
+                            "where it comes from, and the variables resource files declare. Exits "
+                            f"{CONFIG_ERROR} with the message `paywire serve` would stop with.")
+    config.add_argument("--host", help="as `paywire serve --host`")
+    config.add_argument("--port", type=int, help="as `paywire serve --port`")
+    config.set_defaults(func=cmd_config)
 
     payp = sub.add_parser("pay", help="call an x402 URL and pay for it")
     payp.add_argument("url")

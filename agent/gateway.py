@@ -28,6 +28,7 @@ from x402.schemas import (
 )
 
 from payments.codec import PaymentHeaderError, decode_payment_header, decode_payment_object
+from payments.facilitator_status import NOT_READY
 from payments.ledger import AlreadyUsed, ClaimRequest, Ledger
 from payments.money import usd_to_atomic
 from payments.payload_shape import INVALID_PAYLOAD, payload_problem
@@ -139,6 +140,7 @@ class Refused(Outcome):
     param: str | None = None
     raw: tuple[bytes, str] | None = None  # an upstream's own answer (body, type), passed on as is
     extra: dict[str, Any] = field(default_factory=dict)
+    retry_after: int | None = None  # seconds; when the same call can be tried again
 
     @property
     def retry_safe(self) -> bool:
@@ -149,6 +151,8 @@ def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
     canonical = json.dumps({"skill": skill_id, "payload": payload or {}}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
+
+RETRY_AFTER_SECONDS = 5  # how soon a call refused while payments are not ready may be tried again
 
 # The model a request that names none is quoted and run on, as OpenAI's API does.
 DEFAULT_MODELS = {"images.generations": "dall-e-2", "images.edits": "dall-e-2"}
@@ -203,6 +207,9 @@ class Gateway:
                 return _refusal(t, exc, before_quote=True)
         if atomic == 0:
             return await self._run_free(t, skill, op, req, payload, validated=not probe)
+        if not self.processor.ready:  # the facilitator has not answered yet: nothing can be quoted
+            return Refused(t, 503, "facilitator_unavailable", NOT_READY,
+                           retry_after=RETRY_AFTER_SECONDS)
         resource = self.resource_info(skill, req.resource_url)
         requirements = self.processor.requirements(atomic)
 

@@ -177,6 +177,8 @@ def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None) -> 
             body["reason"] = outcome.reason
         return JSONResponse(body, 402, headers)
     assert isinstance(outcome, Refused)
+    if outcome.retry_after is not None:
+        headers["Retry-After"] = str(outcome.retry_after)
     if outcome.raw is not None:
         raw, media_type = outcome.raw
         return Response(raw, outcome.status, headers, media_type)

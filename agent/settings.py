@@ -1,49 +1,275 @@
-"""Settings from the environment. Missing or contradictory production settings stop startup
-with a message naming the variable; with none of them, paywire runs on its local devnet."""
+"""Settings: one typed object read from the environment (pydantic-settings).
+
+Every variable paywire reads is a field here, with its default, its description (`paywire serve
+--help` lists them, `paywire config` prints the effective values, secrets masked) and its check.
+A bad value, or a missing or contradictory production setting, stops startup with one message
+naming every variable at fault and what it accepts; with no production setting, paywire runs on
+its local devnet.
+
+Skills never see the environment: the model providers' keys and base URLs are fields here, and a
+marketplace resource gets only the variables resource files declare (`Settings.variables`).
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import re
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from decimal import Decimal
 from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from payments.networks import NetworkInfo, lookup_network
 
 
 class ConfigError(ValueError):
-    """A setting is missing, malformed or contradicts another; the message names the variable."""
+    """A setting is missing, malformed or contradicts another; the message names the variable
+    (or the file) and what would be accepted. `problems` lists each problem."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
+
+    @staticmethod
+    def of(problems: list[str]) -> ConfigError:
+        """One error for several problems, on one line."""
+        if len(problems) == 1:
+            return ConfigError(problems[0], problems)
+        return ConfigError(f"{len(problems)} problems: " + "; ".join(problems), problems)
 
 
-@dataclass(frozen=True)
-class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    public_url: str = ""
-    data_dir: Path = Path(".paywire")
-    database_url: str = ""
-    devnet: bool = True
-    networks: tuple[NetworkInfo, ...] = ()
-    evm_pay_to: str = ""
-    solana_pay_to: str = ""
-    facilitator_url: str = ""
-    evm_facilitator_key: str = field(default="", repr=False)
-    evm_rpc_url: str = ""
-    solana_facilitator_key: str = field(default="", repr=False)
-    solana_rpc_url: str = ""
-    max_body_bytes: int = 1024 * 1024
-    header_timeout_seconds: int = 10  # a request's headers must arrive within this
-    body_timeout_seconds: int = 60  # and its body within this after the headers
-    max_timeout_seconds: int = 300
-    resource_dirs: tuple[Path, ...] = ()
-    a2a_payment_timeout_seconds: int = 900
-    card_max_skills: int = 200
-    model_margin: Decimal = Decimal("0")
-    models_file: Path | None = None
-    free_models: frozenset[str] = frozenset()
-    # The environment the providers read their keys and base URLs from (OPENAI_API_KEY, ...).
-    environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+# ---------------------------------------------------------------------------------------------
+# Declaring a variable: its name, default, meaning and what it accepts (for the error message).
+
+def _var(name: str, default: Any, description: str, *, accepts: str = "",
+         secret: bool = False, in_repr: bool = True, **constraints: Any) -> Any:
+    extra: dict[str, Any] = {"accepts": accepts}
+    if secret:
+        extra["secret"] = True
+    return Field(default, validation_alias=name, description=description, json_schema_extra=extra,
+                 repr=in_repr and not secret, **constraints)
+
+
+def _whole(name: str, default: int, description: str, *, least: int = 1,
+           most: int | None = None) -> Any:
+    accepts = f"a whole number from {least} to {most}" if most is not None else (
+        f"a whole number of at least {least}")
+    return _var(name, default, description, accepts=accepts, ge=least, le=most)
+
+
+def _seconds(name: str, default: float, description: str, *, zero: bool = False) -> Any:
+    if zero:
+        return _var(name, default, description, accepts="a number of seconds, 0 or more", ge=0)
+    return _var(name, default, description, accepts="a number of seconds above 0", gt=0)
+
+
+def _url(name: str, description: str) -> Any:
+    return _var(name, None, description, accepts="an http:// or https:// URL")
+
+
+def _key(name: str, description: str) -> Any:
+    return _var(name, None, description, secret=True)
+
+
+def _url_problem(value: str) -> str | None:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"must be an http:// or https:// URL, got {value!r}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The environment source: os.environ, or the mapping given to Settings.from_env (tests, bench).
+
+_SOURCE: ContextVar[Mapping[str, str] | None] = ContextVar("paywire_settings_source", default=None)
+
+
+def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The variables as read: stripped; blank counts as unset."""
+    source = os.environ if env is None else env
+    return {k: v.strip() for k, v in source.items() if isinstance(v, str) and v.strip()}
+
+
+class _Environment(EnvSettingsSource):
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return _environment(_SOURCE.get())
+
+
+class _Problems(ValueError):
+    """Cross-checks that failed, each a sentence naming its variables."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+_PRODUCTION_ONLY = ("PAYWIRE_EVM_PAY_TO", "PAYWIRE_SOLANA_PAY_TO", "PAYWIRE_FACILITATOR_URL",
+                    "PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY")
+_EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+MEBIBYTE = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """paywire's configuration: one field per environment variable (`validation_alias`)."""
+
+    model_config = SettingsConfigDict(frozen=True, case_sensitive=True, extra="ignore",
+                                      populate_by_name=True, validate_default=False)
+
+    # --- where it listens and what it calls itself
+    host: str = _var("PAYWIRE_HOST", "127.0.0.1", "address to listen on",
+                     accepts="a host name or IP address")
+    port: int = _whole("PAYWIRE_PORT", 8000, "port to listen on", most=65535)
+    public_url: str = _var(
+        "PAYWIRE_PUBLIC_URL", "", "public base URL used in quotes and the agent card (behind a "
+        "proxy); default http://HOST:PORT", accepts="an http:// or https:// URL")
+    data_dir: Path = _var("PAYWIRE_DATA_DIR", Path(".paywire"),
+                          "folder of the SQLite database and the devnet keys", accepts="a folder")
+    database_url: str = _var(
+        "PAYWIRE_DATABASE_URL", "", "database (SQLAlchemy URL with an async driver, e.g. "
+        "postgresql+asyncpg://user:pass@host/db); default: SQLite in the data folder",
+        accepts="a SQLAlchemy URL with an async driver", in_repr=False)  # it may hold a password
+
+    # --- request limits
+    max_body_bytes: int = _whole("PAYWIRE_MAX_BODY_BYTES", MEBIBYTE, "largest request body (413 above)")
+    max_upload_bytes: int = _whole(
+        "PAYWIRE_MAX_UPLOAD_BYTES", 25 * MEBIBYTE,
+        "largest multipart upload (audio and image routes; OpenAI's own limit is 25 MiB)")
+    header_timeout_seconds: float = _seconds(
+        "PAYWIRE_HEADER_TIMEOUT_SECONDS", 10, "a request's headers must arrive within this (else "
+        "408, connection closed)")
+    body_timeout_seconds: float = _seconds(
+        "PAYWIRE_BODY_TIMEOUT_SECONDS", 60, "a request's body must arrive within this after its headers")
+    max_timeout_seconds: int = _whole("PAYWIRE_MAX_TIMEOUT_SECONDS", 300,
+                                      "x402 maxTimeoutSeconds of quotes (how long a signed payment "
+                                      "stays valid for settlement)")
+
+    # --- what is sold
+    resource_dirs: Annotated[tuple[Path, ...], NoDecode] = _var(
+        "PAYWIRE_RESOURCE_DIRS", (), f"extra folders of resource files ('{os.pathsep}'-separated)",
+        accepts=f"'{os.pathsep}'-separated existing folders")
+    models_file: Path | None = _var(
+        "PAYWIRE_MODELS_FILE", None, "your own model table (same format as skills/models/models.json); "
+        "default: the built-in table", accepts="an existing JSON file")
+    model_margin: Decimal = _var(
+        "PAYWIRE_MODEL_MARGIN", Decimal("0"), "fraction added to every model price (0.1 = +10%)",
+        accepts="a decimal fraction from 0 to 10, such as 0.1 (+10%)", ge=0, le=10,
+        allow_inf_nan=False)
+    free_models: Annotated[frozenset[str], NoDecode] = _var(
+        "PAYWIRE_FREE_MODELS", frozenset(), "model ids served free, e.g. a self-hosted model "
+        "(comma-separated)", accepts="comma-separated model ids")
+    a2a_payment_timeout_seconds: int = _whole(
+        "PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900, "how long an A2A task waits for its in-band payment")
+    card_max_skills: int = _whole("PAYWIRE_CARD_MAX_SKILLS", 200,
+                                  "skills listed in the agent card (the card says where the rest are)")
+
+    # --- calls to model providers (skills/models/upstream.py)
+    upstream_connect_timeout_seconds: float = _seconds(
+        "PAYWIRE_UPSTREAM_CONNECT_TIMEOUT_SECONDS", 5.0, "connecting to a model provider")
+    upstream_read_timeout_seconds: float = _seconds(
+        "PAYWIRE_UPSTREAM_READ_TIMEOUT_SECONDS", 120.0,
+        "longest silence while reading a model provider's answer")
+    upstream_retries: int = _whole("PAYWIRE_UPSTREAM_RETRIES", 1,
+                                   "retries of one upstream before falling back to the next", least=0,
+                                   most=10)
+    upstream_backoff_seconds: float = _seconds(
+        "PAYWIRE_UPSTREAM_BACKOFF_SECONDS", 0.05,
+        "base of the jittered exponential backoff between retries", zero=True)
+    upstream_failures_before_cooldown: int = _whole(
+        "PAYWIRE_UPSTREAM_FAILURES_BEFORE_COOLDOWN", 3,
+        "consecutive failures after which an upstream cools down (is tried last)")
+    upstream_cooldown_seconds: float = _seconds(
+        "PAYWIRE_UPSTREAM_COOLDOWN_SECONDS", 30.0, "how long a failing upstream cools down", zero=True)
+
+    # --- payments: devnet by default, or real networks
+    networks: Annotated[tuple[NetworkInfo, ...], NoDecode] = _var(
+        "PAYWIRE_NETWORKS", (), "'devnet' (the default: test chains in process), or the networks "
+        "to be paid on: base, base-sepolia, solana, solana-devnet (comma-separated)",
+        accepts="'devnet' or comma-separated networks")
+    evm_pay_to: str = _var("PAYWIRE_EVM_PAY_TO", "", "the address that receives payments on Base",
+                           accepts="an EVM address (0x + 40 hex digits)")
+    solana_pay_to: str = _var("PAYWIRE_SOLANA_PAY_TO", "", "the address that receives payments on Solana",
+                              accepts="a base58 Solana address")
+    facilitator_url: str = _var(
+        "PAYWIRE_FACILITATOR_URL", "", "a remote x402 facilitator (its GET /supported lists what it "
+        "settles), or leave unset for an in-process one (the keys below)",
+        accepts="an http:// or https:// URL")
+    facilitator_timeout_seconds: float = _seconds(
+        "PAYWIRE_FACILITATOR_TIMEOUT_SECONDS", 90.0, "each request to a remote facilitator "
+        "(verify, settle)")
+    facilitator_retry_max_seconds: float = _seconds(
+        "PAYWIRE_FACILITATOR_RETRY_MAX_SECONDS", 30.0, "longest wait between two attempts to reach "
+        "a facilitator that was down at startup (the gateway serves meanwhile; /readyz says 503)")
+    evm_facilitator_key: SecretStr | None = _key(
+        "PAYWIRE_EVM_FACILITATOR_KEY", "in-process facilitator: the EVM key that pays gas to settle")
+    evm_rpc_url: str | None = _url("PAYWIRE_EVM_RPC_URL", "in-process facilitator: the EVM node")
+    solana_facilitator_key: SecretStr | None = _key(
+        "PAYWIRE_SOLANA_FACILITATOR_KEY", "in-process facilitator: the Solana fee payer's key (base58)")
+    solana_rpc_url: str | None = _url("PAYWIRE_SOLANA_RPC_URL", "in-process facilitator: the Solana node")
+
+    # --- model providers (the model table names these: Catalog.provider_variables())
+    openai_api_key: SecretStr | None = _key("OPENAI_API_KEY", "OpenAI's API key")
+    openai_base_url: str | None = _url("OPENAI_BASE_URL", "OpenAI-compatible base URL instead of OpenAI's")
+    openrouter_api_key: SecretStr | None = _key("OPENROUTER_API_KEY", "OpenRouter's API key")
+    openrouter_base_url: str | None = _url("OPENROUTER_BASE_URL", "OpenRouter's base URL")
+    anthropic_api_key: SecretStr | None = _key("ANTHROPIC_API_KEY", "Anthropic's API key")
+    anthropic_base_url: str | None = _url("ANTHROPIC_BASE_URL", "Anthropic's base URL")
+    gemini_api_key: SecretStr | None = _key("GEMINI_API_KEY", "Google Gemini's API key")
+    gemini_base_url: str | None = _url("GEMINI_BASE_URL", "Gemini's OpenAI-compatible base URL")
+    groq_api_key: SecretStr | None = _key("GROQ_API_KEY", "Groq's API key")
+    groq_base_url: str | None = _url("GROQ_BASE_URL", "Groq's base URL")
+    together_api_key: SecretStr | None = _key("TOGETHER_API_KEY", "Together AI's API key")
+    together_base_url: str | None = _url("TOGETHER_BASE_URL", "Together AI's base URL")
+    deepseek_api_key: SecretStr | None = _key("DEEPSEEK_API_KEY", "DeepSeek's API key")
+    deepseek_base_url: str | None = _url("DEEPSEEK_BASE_URL", "DeepSeek's base URL")
+    mistral_api_key: SecretStr | None = _key("MISTRAL_API_KEY", "Mistral's API key")
+    mistral_base_url: str | None = _url("MISTRAL_BASE_URL", "Mistral's base URL")
+    xai_api_key: SecretStr | None = _key("XAI_API_KEY", "xAI's API key")
+    xai_base_url: str | None = _url("XAI_BASE_URL", "xAI's base URL")
+    fireworks_api_key: SecretStr | None = _key("FIREWORKS_API_KEY", "Fireworks' API key")
+    fireworks_base_url: str | None = _url("FIREWORKS_BASE_URL", "Fireworks' base URL")
+    elevenlabs_api_key: SecretStr | None = _key("ELEVENLABS_API_KEY", "ElevenLabs' API key")
+    elevenlabs_base_url: str | None = _url("ELEVENLABS_BASE_URL", "ElevenLabs' base URL")
+    local_llm_base_url: str | None = _url(
+        "LOCAL_LLM_BASE_URL", "a local OpenAI-compatible server (Ollama, vLLM, llama.cpp), e.g. "
+        "http://127.0.0.1:11434/v1")
+    local_llm_api_key: SecretStr | None = _key("LOCAL_LLM_API_KEY", "the local server's key, if it takes one")
+
+    # The variables as read (stripped, blanks left out), for `variables()`: never handed out whole.
+    _environ: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
+                                   env_settings: Any, dotenv_settings: Any,
+                                   file_secret_settings: Any) -> tuple[Any, ...]:
+        return (init_settings, _Environment(settings_cls, case_sensitive=True))
+
+    # ---- reading ----
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings of `env` (default: the process environment). ConfigError naming every
+        variable at fault."""
+        token = _SOURCE.set(env)
+        try:
+            settings = cls()
+        except ValidationError as exc:
+            raise ConfigError.of(_problems(exc)) from None
+        finally:
+            _SOURCE.reset(token)
+        return settings
+
+    def model_post_init(self, context: Any) -> None:
+        self._environ = _environment(_SOURCE.get())
+
+    # ---- derived values ----
+    @property
+    def devnet(self) -> bool:
+        return not self.networks
 
     @property
     def base_url(self) -> str:
@@ -53,144 +279,303 @@ class Settings:
     def db_url(self) -> str:
         return self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'paywire.db').resolve()}"
 
-    @staticmethod
-    def from_env(env: Mapping[str, str] | None = None) -> Settings:
-        env = os.environ if env is None else env
+    def secret(self, field: str) -> str:
+        """A secret field's value ('' when unset)."""
+        value = getattr(self, field)
+        return value.get_secret_value() if value is not None else ""
 
-        def get(name: str, default: str = "") -> str:
-            return env.get(name, default).strip()
-
-        def positive_int(name: str, default: int) -> int:
-            raw = get(name)
-            if not raw:
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
-            if value <= 0:
-                raise ConfigError(f"{name} must be greater than 0, got {value}")
-            return value
-
-        base = dict(
-            host=get("PAYWIRE_HOST", "127.0.0.1"),
-            port=positive_int("PAYWIRE_PORT", 8000),
-            public_url=get("PAYWIRE_PUBLIC_URL"),
-            data_dir=Path(get("PAYWIRE_DATA_DIR", ".paywire")),
-            database_url=get("PAYWIRE_DATABASE_URL"),
-            max_body_bytes=positive_int("PAYWIRE_MAX_BODY_BYTES", 1024 * 1024),
-            header_timeout_seconds=positive_int("PAYWIRE_HEADER_TIMEOUT_SECONDS", 10),
-            body_timeout_seconds=positive_int("PAYWIRE_BODY_TIMEOUT_SECONDS", 60),
-            max_timeout_seconds=positive_int("PAYWIRE_MAX_TIMEOUT_SECONDS", 300),
-            resource_dirs=tuple(Path(p) for p in get("PAYWIRE_RESOURCE_DIRS").split(os.pathsep) if p),
-            a2a_payment_timeout_seconds=positive_int("PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS", 900),
-            card_max_skills=positive_int("PAYWIRE_CARD_MAX_SKILLS", 200),
-            model_margin=_margin(get("PAYWIRE_MODEL_MARGIN", "0")),
-            models_file=Path(get("PAYWIRE_MODELS_FILE")) if get("PAYWIRE_MODELS_FILE") else None,
-            free_models=frozenset(m.strip() for m in get("PAYWIRE_FREE_MODELS").split(",") if m.strip()),
-            environ=dict(env),
-        )
-        if base["public_url"] and not base["public_url"].startswith(("http://", "https://")):
-            raise ConfigError(
-                f"PAYWIRE_PUBLIC_URL must start with http:// or https://, got {base['public_url']!r}"
-            )
-        raw_networks = get("PAYWIRE_NETWORKS", "devnet")
-        if raw_networks == "devnet":
-            production_vars = [
-                n for n in ("PAYWIRE_EVM_PAY_TO", "PAYWIRE_SOLANA_PAY_TO", "PAYWIRE_FACILITATOR_URL",
-                            "PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY")
-                if get(n)
-            ]
-            if production_vars:
-                raise ConfigError(
-                    f"{', '.join(production_vars)} set but PAYWIRE_NETWORKS is 'devnet' (the "
-                    "default); set PAYWIRE_NETWORKS to the networks to be paid on, e.g. 'base,solana'"
-                )
-            return Settings(devnet=True, **base)
-        return Settings(devnet=False, **base, **_production(get, raw_networks))
-
-
-def _production(get, raw_networks: str) -> dict:  # type: ignore[no-untyped-def]
-    networks: list[NetworkInfo] = []
-    for name in (n.strip() for n in raw_networks.split(",")):
-        if not name:
-            continue
-        if name == "devnet":
-            raise ConfigError("PAYWIRE_NETWORKS: 'devnet' cannot be combined with real networks")
-        try:
-            networks.append(lookup_network(name))
-        except ValueError as exc:
-            raise ConfigError(f"PAYWIRE_NETWORKS: {exc}") from None
-    if not networks:
-        raise ConfigError("PAYWIRE_NETWORKS is empty; name at least one network, e.g. 'base'")
-    families = {n.family for n in networks}
-    out = dict(
-        networks=tuple(networks),
-        evm_pay_to=get("PAYWIRE_EVM_PAY_TO"),
-        solana_pay_to=get("PAYWIRE_SOLANA_PAY_TO"),
-        facilitator_url=get("PAYWIRE_FACILITATOR_URL"),
-        evm_facilitator_key=get("PAYWIRE_EVM_FACILITATOR_KEY"),
-        evm_rpc_url=get("PAYWIRE_EVM_RPC_URL"),
-        solana_facilitator_key=get("PAYWIRE_SOLANA_FACILITATOR_KEY"),
-        solana_rpc_url=get("PAYWIRE_SOLANA_RPC_URL"),
-    )
-    if "evm" in families:
-        _need_address(out["evm_pay_to"], "PAYWIRE_EVM_PAY_TO", evm=True)
-    if "svm" in families:
-        _need_address(out["solana_pay_to"], "PAYWIRE_SOLANA_PAY_TO", evm=False)
-    keys = [n for n, fam in (("PAYWIRE_EVM_FACILITATOR_KEY", "evm"),
-                             ("PAYWIRE_SOLANA_FACILITATOR_KEY", "svm")) if out[_attr(n)]]
-    if out["facilitator_url"]:
-        if keys:
-            raise ConfigError(
-                f"PAYWIRE_FACILITATOR_URL and {', '.join(keys)} are both set; use a remote "
-                "facilitator (the URL) or an in-process one (the keys), not both"
-            )
-        if not out["facilitator_url"].startswith(("http://", "https://")):
-            raise ConfigError("PAYWIRE_FACILITATOR_URL must be an http(s) URL")
+    def variables(self, names: Iterable[str]) -> dict[str, str]:
+        """The values of these variables, and of no other: a field's value (secrets revealed) when
+        the variable is a field, else the environment's; unset and blank ones left out. What the
+        assembly hands to skills: the model table's provider variables, the variables resource
+        files declare."""
+        out: dict[str, str] = {}
+        for name in names:
+            field = _FIELD_OF.get(name)
+            value: Any = getattr(self, field) if field else None
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            if not isinstance(value, str):
+                value = self._environ.get(name)
+            if value:
+                out[name] = value
         return out
-    for family, key, rpc in (("evm", "PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_EVM_RPC_URL"),
-                             ("svm", "PAYWIRE_SOLANA_FACILITATOR_KEY", "PAYWIRE_SOLANA_RPC_URL")):
-        if family not in families:
+
+    # ---- describing ----
+    @classmethod
+    def reference(cls) -> list[tuple[str, str, str]]:
+        """(variable, default as text, meaning) of every setting, in declaration order."""
+        return [(_alias(info), _default_text(info), info.description or "")
+                for info in cls.model_fields.values()]
+
+    def effective(self) -> list[tuple[str, str, bool]]:
+        """(variable, effective value as text with secrets masked, set in the environment?)."""
+        rows = []
+        for name, info in type(self).model_fields.items():
+            variable = _alias(info)
+            rows.append((variable, _shown(name, getattr(self, name), info), variable in self._environ))
+        return rows
+
+    # ---- checks ----
+    @field_validator("networks", mode="before")
+    @classmethod
+    def _networks(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        if raw.strip() == "devnet":
+            return ()
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+        if not names:
+            raise ValueError("is empty; name at least one network, e.g. 'base', or 'devnet'")
+        if "devnet" in names:
+            raise ValueError("cannot combine 'devnet' with real networks")
+        found = []
+        for name in names:
+            try:
+                found.append(lookup_network(name))
+            except ValueError as exc:
+                raise ValueError(f"names an {exc}") from None
+        return tuple(found)
+
+    @field_validator("resource_dirs", mode="before")
+    @classmethod
+    def _folders(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        folders = tuple(Path(p) for p in raw.split(os.pathsep) if p.strip())
+        missing = [str(p) for p in folders if not p.is_dir()]
+        if missing:
+            raise ValueError(f"names folders that do not exist: {', '.join(missing)} (expected "
+                             f"'{os.pathsep}'-separated folders of resource files)")
+        return folders
+
+    @field_validator("models_file", mode="before")
+    @classmethod
+    def _table_file(cls, raw: Any) -> Any:
+        if isinstance(raw, str) and not Path(raw).is_file():
+            raise ValueError(f"names a file that does not exist: {raw!r} (expected a model table, "
+                             "same format as skills/models/models.json)")
+        return raw
+
+    @field_validator("free_models", mode="before")
+    @classmethod
+    def _model_ids(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return frozenset(m.strip() for m in raw.split(",") if m.strip())
+        return raw
+
+    @field_validator("public_url", "facilitator_url", "evm_rpc_url", "solana_rpc_url",
+                     "openai_base_url", "openrouter_base_url", "anthropic_base_url", "gemini_base_url",
+                     "groq_base_url", "together_base_url", "deepseek_base_url", "mistral_base_url",
+                     "xai_base_url", "fireworks_base_url", "elevenlabs_base_url", "local_llm_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value:
+            problem = _url_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database(cls, value: str) -> str:
+        if not value:
+            return value
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError("is not a SQLAlchemy database URL (e.g. postgresql+asyncpg://user:pass@"
+                             "host/db or sqlite+aiosqlite:///path/paywire.db)") from None
+        shown = url.render_as_string(hide_password=True)
+        try:
+            dialect = url.get_dialect()
+        except NoSuchModuleError:
+            raise ValueError(f"names an unknown database driver: {shown} (expected e.g. "
+                             "postgresql+asyncpg:// or sqlite+aiosqlite://)") from None
+        if not getattr(dialect, "is_async", False):
+            raise ValueError(f"must use an async driver, got {shown} (e.g. postgresql+asyncpg:// "
+                             "or sqlite+aiosqlite://)")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        problems = self._devnet_problems() if self.devnet else self._production_problems()
+        if problems:
+            raise _Problems(problems)
+        return self
+
+    def _is_set(self, variable: str) -> bool:
+        value = getattr(self, _FIELD_OF[variable])
+        return bool(value.get_secret_value() if isinstance(value, SecretStr) else value)
+
+    def _devnet_problems(self) -> list[str]:
+        production_vars = [n for n in _PRODUCTION_ONLY if self._is_set(n)]
+        if production_vars:
+            return [f"{', '.join(production_vars)} set but PAYWIRE_NETWORKS is 'devnet' (the "
+                    "default); set PAYWIRE_NETWORKS to the networks to be paid on, e.g. 'base,solana'"]
+        return []
+
+    def _production_problems(self) -> list[str]:
+        problems: list[str] = []
+        families = {n.family for n in self.networks}
+        if "evm" in families:
+            problems += _address_problems(self.evm_pay_to, "PAYWIRE_EVM_PAY_TO", evm=True)
+        if "svm" in families:
+            problems += _address_problems(self.solana_pay_to, "PAYWIRE_SOLANA_PAY_TO", evm=False)
+        keys = [n for n in ("PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY")
+                if self._is_set(n)]
+        if self.facilitator_url:
+            if keys:
+                problems.append(
+                    f"PAYWIRE_FACILITATOR_URL and {', '.join(keys)} are both set; use a remote "
+                    "facilitator (the URL) or an in-process one (the keys), not both")
+            return problems
+        for family, key, rpc in (("evm", "PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_EVM_RPC_URL"),
+                                 ("svm", "PAYWIRE_SOLANA_FACILITATOR_KEY", "PAYWIRE_SOLANA_RPC_URL")):
+            if family not in families:
+                continue
+            if not self._is_set(key):
+                problems.append(
+                    f"{key} is not set: an in-process facilitator needs it to settle on "
+                    f"{', '.join(n.v1_name for n in self.networks if n.family == family)} "
+                    "(or set PAYWIRE_FACILITATOR_URL to use a remote facilitator)")
+            else:
+                problems += _key_problems(self.secret(_FIELD_OF[key]), key, evm=family == "evm")
+            if not self._is_set(rpc):
+                problems.append(f"{rpc} is not set: the in-process facilitator needs a node to settle on")
+        return problems
+
+
+_FIELD_OF = {_info.validation_alias: _name for _name, _info in Settings.model_fields.items()}
+
+
+class PayerSettings(BaseSettings):
+    """What `paywire pay` (the client) reads; the gateway's settings are not needed to pay."""
+
+    model_config = SettingsConfigDict(frozen=True, case_sensitive=True, extra="ignore")
+
+    payer_key: SecretStr | None = _key(
+        "PAYWIRE_PAYER_KEY", "`paywire pay`: the payer's key (an EVM private key 0x... or a Solana "
+        "base58 secret key); default: the devnet demo payer")
+    solana_rpc_url: str | None = _url(
+        "PAYWIRE_SOLANA_RPC_URL", "`paywire pay`: the Solana node a payment is built with")
+    data_dir: Path = _var("PAYWIRE_DATA_DIR", Path(".paywire"),
+                          "`paywire pay`: where the devnet demo payer's keys are", accepts="a folder")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
+                                   env_settings: Any, dotenv_settings: Any,
+                                   file_secret_settings: Any) -> tuple[Any, ...]:
+        return (init_settings, _Environment(settings_cls, case_sensitive=True))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PayerSettings:
+        token = _SOURCE.set(env)
+        try:
+            return cls()
+        except ValidationError as exc:
+            raise ConfigError.of(_problems(exc, cls)) from None
+        finally:
+            _SOURCE.reset(token)
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages
+
+def _alias(info: FieldInfo) -> str:
+    return str(info.validation_alias)
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
+def _problems(exc: ValidationError, model: type[BaseSettings] = Settings) -> list[str]:
+    """Each validation error as one sentence naming the variable and what it accepts; a secret's
+    value is never repeated."""
+    fields = {_alias(info): info for info in model.model_fields.values()}
+    out: list[str] = []
+    for error in exc.errors(include_url=False):
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, _Problems):
+            out += cause.problems
             continue
-        if not out[_attr(key)]:
-            raise ConfigError(
-                f"{key} is not set: an in-process facilitator needs it to settle on "
-                f"{', '.join(n.v1_name for n in networks if n.family == family)} "
-                "(or set PAYWIRE_FACILITATOR_URL to use a remote facilitator)"
-            )
-        if not out[_attr(rpc)]:
-            raise ConfigError(f"{rpc} is not set: the in-process facilitator needs a node to settle on")
+        loc = error.get("loc") or ()
+        variable = str(loc[0]) if loc else ""
+        info = fields.get(variable)
+        if info is None:
+            out.append(f"{variable}: {error['msg']}" if variable else str(error["msg"]))
+            continue
+        if isinstance(cause, ValueError):  # our own check: says what is wrong and what would do
+            out.append(f"{variable} {cause}")
+            continue
+        accepts = _extra(info).get("accepts") or "a valid value"
+        got = "" if _extra(info).get("secret") else f", got {error.get('input')!r}"
+        out.append(f"{variable} must be {accepts}{got}")
     return out
 
 
-def _margin(raw: str) -> Decimal:
-    try:
-        value = Decimal(raw)
-    except ArithmeticError:
-        raise ConfigError(f"PAYWIRE_MODEL_MARGIN must be a decimal fraction such as 0.1, got {raw!r}"
-                          ) from None
-    if not value.is_finite() or not 0 <= value <= 10:
-        raise ConfigError(f"PAYWIRE_MODEL_MARGIN must be between 0 and 10 (0.1 = +10%), got {raw}")
-    return value
+def _default_text(info: FieldInfo) -> str:
+    value = info.default
+    if value is None or value == "" or value == () or value == frozenset():
+        return "-"
+    return str(value)
 
 
-def _attr(var: str) -> str:
-    return var.removeprefix("PAYWIRE_").lower()
+def _shown(name: str, value: Any, info: FieldInfo) -> str:
+    if isinstance(value, SecretStr):
+        return "********" if value.get_secret_value() else ""
+    if value is None:
+        return ""
+    if name == "networks":
+        return ",".join(n.v1_name for n in value) or "devnet"
+    if name == "database_url" and value:
+        from sqlalchemy.engine import make_url
+
+        return make_url(value).render_as_string(hide_password=True)
+    if isinstance(value, tuple):
+        return os.pathsep.join(str(v) for v in value)
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value))
+    return str(value)
 
 
-def _need_address(value: str, var: str, *, evm: bool) -> None:
+def looks_secret(variable: str) -> bool:
+    """A variable whose value is masked when shown (keys, tokens, secrets, passwords)."""
+    return any(word in variable for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
+
+
+def _address_problems(value: str, var: str, *, evm: bool) -> list[str]:
     if not value:
-        raise ConfigError(f"{var} is not set: the address that receives payments on that network")
+        return [f"{var} is not set: the address that receives payments on that network"]
     if evm:
         from eth_utils import is_address
 
         if not is_address(value):
-            raise ConfigError(f"{var} is not an EVM address (0x + 40 hex digits): {value!r}")
-    else:
-        from solders.pubkey import Pubkey
+            return [f"{var} is not an EVM address (0x + 40 hex digits): {value!r}"]
+        return []
+    from solders.pubkey import Pubkey
 
-        try:
-            Pubkey.from_string(value)
-        except ValueError:
-            raise ConfigError(f"{var} is not a base58 Solana address: {value!r}") from None
+    try:
+        Pubkey.from_string(value)
+    except ValueError:
+        return [f"{var} is not a base58 Solana address: {value!r}"]
+    return []
+
+
+def _key_problems(value: str, var: str, *, evm: bool) -> list[str]:
+    """A facilitator key that cannot sign (its value is never repeated)."""
+    if evm:
+        return [] if _EVM_KEY.match(value) else [
+            f"{var} is not an EVM private key (0x + 64 hex digits)"]
+    from solders.keypair import Keypair
+
+    try:
+        Keypair.from_base58_string(value)
+    except ValueError:
+        return [f"{var} is not a Solana secret key (base58 of the 64-byte keypair)"]
+    return []
+

@@ -29,7 +29,8 @@ def _model_object(skill: Skill) -> dict[str, Any]:
             "owned_by": info.get("family", "paywire"), **info}
 
 
-def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
+def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
+           max_upload_bytes: int = openai_media.MAX_UPLOAD_BYTES) -> list[Route]:
     async def list_models(request: Request) -> Response:
         data = [_model_object(skill) for skill in gateway.catalogue.of_kind("model")]
         return JSONResponse({"object": "list", "data": data})
@@ -45,5 +46,5 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
         # model ids may hold a slash (an OpenRouter-style "vendor/model"), as OpenAI's client sends them
         Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
         *openai_text.routes(gateway, max_body_bytes, base_url),
-        *openai_media.routes(gateway, max_body_bytes, base_url),
+        *openai_media.routes(gateway, max_body_bytes, base_url, max_upload_bytes),
     ]

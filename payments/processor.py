@@ -12,12 +12,18 @@ import asyncio
 import base64
 import hashlib
 import logging
+import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from x402 import x402FacilitatorSync, x402ResourceServer
+from x402 import (
+    FacilitatorCapabilityError,
+    SchemeNotFoundError,
+    x402FacilitatorSync,
+    x402ResourceServer,
+)
 from x402.mechanisms.evm.exact import ExactEvmServerScheme
 from x402.mechanisms.svm.exact import ExactSvmServerScheme
 from x402.schemas import (
@@ -35,6 +41,8 @@ from x402.schemas import (
     VerifyResponse,
 )
 
+from .facilitator_port import FacilitatorPort
+from .facilitator_status import NOT_READY, FacilitatorMismatch, FacilitatorUnavailable
 from .ledger import PaymentKey
 from .networks import NetworkInfo, lookup_network
 
@@ -100,11 +108,12 @@ class Matched:
 
 
 class PaymentProcessor:
-    """Requirements, verification and settlement for every configured network."""
+    """Requirements, verification and settlement for every configured network, over any
+    facilitator (`FacilitatorPort`: in process, remote, or a test's scripted one)."""
 
     def __init__(
         self,
-        facilitator: Any,
+        facilitator: FacilitatorPort,
         pay_to: Sequence[PayTo],
         *,
         max_timeout_seconds: int = 300,
@@ -125,27 +134,83 @@ class PaymentProcessor:
     def networks(self) -> list[NetworkInfo]:
         return [p.network for p in self._pay_to]
 
+    # Why quotes cannot be built yet; None once start() has the facilitator's supported kinds.
+    _waiting: str | None = "the facilitator was not asked yet (start() was not called)"
+
+    @property
+    def ready(self) -> bool:
+        """True once the facilitator's supported kinds are known: paid calls can be quoted."""
+        return self._waiting is None
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why the processor is not ready (None when it is)."""
+        return self._waiting
+
     def start(self) -> None:
-        """Ask the facilitator what it supports and build one requirement template per network."""
-        self._server.initialize()
-        templates = []
-        for entry in self._pay_to:
-            asset = entry.asset or entry.network.usdc
-            config = ResourceConfig(
-                scheme="exact",
-                pay_to=entry.pay_to,
-                price=AssetAmount(amount="1", asset=asset),
-                network=entry.network.caip2,
-                max_timeout_seconds=self._max_timeout,
-            )
-            built = self._server.build_payment_requirements(config)
-            templates.extend(built)
+        """Ask the facilitator what it supports and build one requirement template per network.
+
+        FacilitatorUnavailable: it could not be asked (down, timed out, 5xx, no kinds yet); the
+        processor stays not ready (`requirements` raises the same) and `keep_starting` asks again.
+        FacilitatorMismatch: it answered, but is not a facilitator or does not settle `exact` on a
+        configured network. Blocks on a remote facilitator: call it off the event loop."""
+        try:
+            self._server.initialize()
+            templates = []
+            for entry in self._pay_to:
+                asset = entry.asset or entry.network.usdc
+                config = ResourceConfig(
+                    scheme="exact",
+                    pay_to=entry.pay_to,
+                    price=AssetAmount(amount="1", asset=asset),
+                    network=entry.network.caip2,
+                    max_timeout_seconds=self._max_timeout,
+                )
+                try:
+                    built = self._server.build_payment_requirements(config)
+                except SchemeNotFoundError:
+                    offered = sorted(getattr(self._server, "_supported_responses", {}))
+                    raise FacilitatorMismatch(
+                        f"the facilitator does not settle exact payments on {entry.network.v1_name} "
+                        f"({entry.network.caip2}); it settles: {', '.join(offered) or 'nothing'}"
+                    ) from None
+                templates.extend(built)
+        except (FacilitatorUnavailable, FacilitatorMismatch) as exc:
+            self._waiting = str(exc)
+            raise
+        except FacilitatorCapabilityError as exc:
+            self._waiting = f"the facilitator cannot settle as configured: {exc}"
+            raise FacilitatorMismatch(self._waiting) from None
+        except RuntimeError as exc:  # the SDK: no payment kinds loaded (an empty /supported)
+            self._waiting = f"the facilitator lists no payment kinds yet ({exc})"
+            raise FacilitatorUnavailable(self._waiting) from None
         self._templates = templates
+        self._waiting = None
+
+    async def keep_starting(self, *, first_delay: float = 0.5, max_delay: float = 30.0) -> None:
+        """Call `start` until it succeeds (in a worker thread: it blocks on the facilitator),
+        waiting `first_delay`, then twice as long each time up to `max_delay`, with jitter. Each new
+        reason it is not ready is logged once."""
+        delay, said = first_delay, self._waiting
+        while not self.ready:
+            await asyncio.sleep(random.uniform(delay / 2, delay))
+            try:
+                await asyncio.to_thread(self.start)
+            except (FacilitatorUnavailable, FacilitatorMismatch) as exc:
+                if str(exc) != said:
+                    said = str(exc)
+                    log.warning("payments are not ready: %s; asking again (at most every %.0f s)",
+                                said, max_delay)
+            except Exception as exc:  # noqa: BLE001 - whatever it is, keep asking and say why
+                self._waiting = said = f"asking the facilitator failed ({type(exc).__name__}: {exc})"
+                log.warning("payments are not ready: %s; asking again", said)
+            delay = min(delay * 2, max_delay)
+        log.info("payments are ready: the facilitator answered with its supported kinds")
 
     def requirements(self, atomic_amount: int) -> list[PaymentRequirements]:
         """One `exact` requirement per network, all for the same amount (a pure function)."""
         if not self._templates:
-            raise RuntimeError("PaymentProcessor.start() was not called")
+            raise FacilitatorUnavailable(NOT_READY)  # why: `waiting_for` (the operator's /readyz)
         return [t.model_copy(update={"amount": str(atomic_amount)}, deep=True)
                 for t in self._templates]
 

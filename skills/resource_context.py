@@ -1,9 +1,14 @@
-"""What a marketplace resource may use when it runs: the operator's environment (keys and base
-URLs), one pooled HTTP session, and the gateway's own models, called without payment."""
+"""What a marketplace resource may use when it runs: the operator's settings it declared (keys,
+base URLs...), one pooled HTTP session, and the gateway's own models, called without payment.
+
+A resource sees only the variables resource files declare (a file's `env` list and its kind's
+`*_env` fields, gathered by `declare` while the files load); the assembly then fills `environ`
+with those variables' values and no others."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,14 +17,20 @@ import aiohttp
 from .errors import SkillUnavailableError
 from .skill import Skill
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class ResourceContext:
+    # The declared variables' values (the assembly fills it once the resource files are loaded).
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The variables the loaded resource files declare.
+    declared: set[str] = field(default_factory=set)
     # The model skills, looked up when a call runs (they are registered after the resources).
     find_skill: Callable[[str], Skill | None] = lambda _id: None
     connect_timeout: float = 5.0
     _session: aiohttp.ClientSession | None = field(default=None, init=False, repr=False)
+    _warned: set[str] = field(default_factory=set, init=False, repr=False)
 
     def http(self) -> aiohttp.ClientSession:
         """The shared keep-alive session. Set a timeout per request: it has none of its own."""
@@ -39,7 +50,17 @@ class ResourceContext:
                                         "nothing was charged")
         return skill
 
+    def declare(self, names: Iterable[str]) -> None:
+        """Variables a resource file declares it reads (called while resource files load)."""
+        self.declared.update(names)
+
     def env(self, name: str) -> str:
+        """A declared variable's value ('' when unset). A variable no resource file declares reads
+        as unset, and says so once in the log."""
+        if name and self.declared and name not in self.declared and name not in self._warned:
+            self._warned.add(name)
+            log.warning("a resource read %s, which no resource file declares, so it reads as unset; "
+                        "add it to the resource file's \"env\" list", name)
         return (self.environ.get(name) or "").strip()
 
     async def aclose(self) -> None:

@@ -1,8 +1,10 @@
 """Marketplace resources as data files: adding a resource is adding a file.
 
 A resource file is JSON with: id, name, description, categories, price (a decimal string, USD per
-call), method, input_schema (JSON Schema for the request body), optional examples and tags, and a
-`kind` with its own settings (skills/kinds: `python`, `forward`, `prompted`; docs/resources.md).
+call), method, input_schema (JSON Schema for the request body), optional examples, tags and `env`
+(the environment variables its code reads), and a `kind` with its own settings (skills/kinds:
+`python`, `forward`, `prompted`; docs/resources.md). A resource sees only the variables resource
+files declare: `env`, and its kind's `*_env` settings (a forward upstream's `api_key_env`...).
 
 Resources come from the built-in folder, from the folders named by PAYWIRE_RESOURCE_DIRS, and
 from installed packages through the `paywire.resources` entry-point group.
@@ -28,6 +30,7 @@ from .skill import Skill
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 ENTRY_POINT_GROUP = "paywire.resources"
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,127}$")
+_VARIABLE = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
 _METHODS = {"POST", "GET"}
 _REQUIRED = ("id", "name", "description", "categories", "price", "method", "kind")
 
@@ -66,6 +69,10 @@ def check_resource(data: Any, path: str = "<resource>") -> list[str]:
     examples = data.get("examples", [])
     if not isinstance(examples, list) or not all(isinstance(e, dict) for e in examples):
         problems.append("field 'examples' must be a list of example request bodies (objects)")
+    env = data.get("env", [])
+    if not isinstance(env, list) or not all(isinstance(v, str) and _VARIABLE.match(v) for v in env):
+        problems.append("field 'env' must be a list of environment variable names (A-Z, 0-9, _; "
+                        f"starting with a letter), got {env!r}")
     kind = data.get("kind")
     if "kind" in data:
         if kind in KINDS:
@@ -73,6 +80,16 @@ def check_resource(data: Any, path: str = "<resource>") -> list[str]:
         else:
             problems.append(f"field 'kind' must be one of {sorted(KINDS)}, got {kind!r}")
     return problems
+
+
+def declared_variables(data: dict[str, Any]) -> list[str]:
+    """The environment variables a (valid) resource reads: its `env` list, then the variables its
+    settings name in `*_env` fields (a forward upstream's `api_key_env` and `base_url_env`, a
+    prompted resource's `model_env`)."""
+    names: list[str] = list(data.get("env") or [])
+    for settings in [data, *(v for k, v in data.items() if isinstance(v, dict) and k != "input_schema")]:
+        names += [v for k, v in settings.items() if k.endswith("_env") and isinstance(v, str) and v]
+    return list(dict.fromkeys(names))
 
 
 def _price_problems(price: Any) -> list[str]:
@@ -91,6 +108,7 @@ def skill_from_resource(data: dict[str, Any], source: str,
     if problems:
         raise ResourceFileError(source, problems)
     context = context or ResourceContext()
+    context.declare(declared_variables(data))
     built = KINDS[data["kind"]].build(data, context)
     categories = tuple(data["categories"])
     return Skill(
@@ -121,6 +139,23 @@ def read_resource_file(path: Path) -> Any:
 
 def load_resource_file(path: Path, context: ResourceContext | None = None) -> Skill:
     return skill_from_resource(read_resource_file(path), str(path), context)
+
+
+def check_resource_dirs(dirs: Iterable[Path]) -> list[str]:
+    """Every problem of every resource file in these folders, each starting with its file (or the
+    folder, when it does not exist); empty when all of them load."""
+    problems: list[str] = []
+    for directory in dirs:
+        if not Path(directory).is_dir():
+            problems.append(f"{directory}: resource folder does not exist")
+            continue
+        for path in sorted(Path(directory).glob("*.json")):
+            try:
+                found = check_resource(read_resource_file(path), str(path))
+            except ResourceFileError as exc:
+                found = exc.problems
+            problems += [f"{path}: {p}" for p in found]
+    return problems
 
 
 def load_resource_dirs(registry: SkillRegistry, dirs: Iterable[Path],

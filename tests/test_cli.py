@@ -145,3 +145,43 @@ def test_paywire_pay_pays_for_an_a2a_call(served: Served) -> None:
     doc = json.loads(out.stdout)
     assert doc["result"]["result"]["status"]["state"] == "completed"
     assert doc["receipt"]["success"] is True and doc["paid_usd"] == "0.00575"
+
+
+def test_version() -> None:
+    from agent.version import VERSION
+
+    out = subprocess.run([*PAYWIRE, "--version"], cwd=ROOT, text=True, capture_output=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"paywire {VERSION}"
+
+
+def test_serve_help_lists_every_setting() -> None:
+    from agent.settings import Settings
+
+    out = subprocess.run([*PAYWIRE, "serve", "--help"], cwd=ROOT, text=True, capture_output=True,
+                         timeout=60)
+    assert out.returncode == 0
+    for variable, _default, _meaning in Settings.reference():
+        assert variable in out.stdout
+    assert "PAYWIRE_PORT (default 8000): port to listen on" in out.stdout
+    assert "paywire config" in out.stdout
+
+
+def test_config_prints_the_effective_values_with_secrets_masked(tmp_path: Path) -> None:
+    env = paywire_env(tmp_path, PAYWIRE_PORT="8123", OPENAI_API_KEY="sk-do-not-print",
+                      NANSEN_API_KEY="nansen-do-not-print",
+                      PAYWIRE_DATABASE_URL="postgresql+asyncpg://app:pw-do-not-print@db/paywire")
+    out = subprocess.run([*PAYWIRE, "config"], env=env, cwd=ROOT, text=True, capture_output=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "do-not-print" not in out.stdout
+    lines = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()
+             if line and not line.startswith("#")}
+    assert lines["PAYWIRE_PORT"] == ["8123", "(environment)"]
+    assert lines["PAYWIRE_HOST"] == ["127.0.0.1", "(default)"]
+    assert lines["OPENAI_API_KEY"] == ["********", "(environment)"]
+    assert lines["NANSEN_API_KEY"] == ["********", "(environment)"]  # declared by resource files
+    assert lines["PAYWIRE_DATABASE_URL"][0] == "postgresql+asyncpg://app:***@db/paywire"
+    bad = subprocess.run([*PAYWIRE, "config"], env={**env, "PAYWIRE_PORT": "abc"}, cwd=ROOT, text=True,
+                         capture_output=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("paywire: configuration error: PAYWIRE_PORT must be a whole number")

@@ -20,9 +20,10 @@ from x402.http.clients.httpx import x402AsyncTransport
 from x402.mechanisms.evm.exact import register_exact_evm_client
 from x402.mechanisms.evm.signers import EthAccountSigner
 
+from agent.settings import ConfigError
 from skills.registry import SkillRegistry
 from skills.resource_context import ResourceContext
-from skills.resource_files import ResourceFileError, check_resource, load_entry_points
+from skills.resource_files import check_resource, load_entry_points
 from tests.support.live_server import LiveServer, start_server
 from tests.support.nansen_upstream import ROWS, NansenUpstream
 from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, receipt, sign
@@ -51,6 +52,7 @@ SHOUT = {
     "categories": ["Developer"], "price": "0.001", "method": "POST",
     "input_schema": {"type": "object", "required": ["text"],
                      "properties": {"text": {"type": "string", "maxLength": 100}}},
+    "env": ["TEST_SHOUT_SUFFIX"],  # the variables its handler reads: a resource sees no others
     "kind": "python", "handler": "tests.support.hooked_resources:shout",
 }
 
@@ -140,8 +142,14 @@ def test_an_upstream_past_its_timeout_is_a_504_and_free(gateway: LiveServer, acm
 
 
 def test_a_missing_folder_stops_startup(tmp_path: Path) -> None:
-    with pytest.raises(ResourceFileError, match="does not exist"):
+    with pytest.raises(ConfigError, match="PAYWIRE_RESOURCE_DIRS names folders that do not exist"):
         start_server(tmp_path, env={"PAYWIRE_RESOURCE_DIRS": str(tmp_path / "nope")})
+
+
+def test_env_must_list_variable_names() -> None:
+    assert check_resource({**SHOUT, "env": ["OK_NAME", "lower"]}) == [
+        "field 'env' must be a list of environment variable names (A-Z, 0-9, _; starting with a "
+        "letter), got ['OK_NAME', 'lower']"]
 
 
 def test_the_checker_explains_kind_problems() -> None:
