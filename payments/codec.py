@@ -100,16 +100,6 @@ def decode_payment_object(data: Any, where: str) -> PaymentPayload | PaymentPayl
         ) from None
 
 
-def read_payment_header(headers: dict[str, str]) -> tuple[str, str] | None:
-    """The (header name, value) carrying a payment, if any; header names case-insensitive."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    for name in PAYMENT_HEADERS:
-        value = lowered.get(name.lower())
-        if value is not None and value.strip():
-            return name, value.strip()
-    return None
-
-
 def encode_payment_required(required: PaymentRequired) -> str:
     """The v2 `PAYMENT-REQUIRED` header value."""
     return encode_json_b64(required.model_dump(by_alias=True, exclude_none=True))

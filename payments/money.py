@@ -6,22 +6,9 @@ favour below what the operator asked for, nor ever pass through a float.
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal
 
 USDC_DECIMALS = 6
-
-
-def parse_usd(value: str | int | Decimal) -> Decimal:
-    """Parse a USD amount given as a string, int or Decimal (never a float)."""
-    if isinstance(value, float):
-        raise TypeError("money must not be a float; give the amount as a string, e.g. '0.0115'")
-    try:
-        amount = Decimal(str(value).strip().removeprefix("$"))
-    except InvalidOperation as exc:
-        raise ValueError(f"not a decimal amount: {value!r}") from exc
-    if not amount.is_finite() or amount < 0:
-        raise ValueError(f"amount must be a finite, non-negative decimal: {value!r}")
-    return amount
 
 
 def usd_to_atomic(amount: Decimal, decimals: int = USDC_DECIMALS) -> int:

@@ -1,4 +1,6 @@
 """The playing time of an uploaded audio file, read from the file itself (pure Python, no decoder).
+Kept by hand for exactness: the duration is the price, and tag libraries estimate an MP3's length
+from its first frame or a Xing header; the subset handled is listed below, anything else is None.
 
 Transcription is priced per minute of audio, so the duration must come from the bytes, never from the
 caller. Each reader parses only the container's own bookkeeping and returns exact seconds as a Decimal:
