@@ -19,7 +19,6 @@ had begun runs to its end and its result and receipt are stored on the task.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -72,6 +71,7 @@ from .gateway import (
     SettleGuard,
     settle_guard,
 )
+from .http_io import json_bytes, json_value
 from .identity import wallet_owner
 
 
@@ -146,6 +146,11 @@ def _agent_message(context_id: str, task_id: str, text: str, metadata: dict[str,
     if metadata:
         msg.metadata.CopyFrom(_struct(metadata))
     return msg
+
+
+def json_text(value: Any) -> str:
+    """JSON text exactly as the REST face sends it (the edge's codec)."""
+    return json_bytes(value).decode()
 
 
 def _dump(model: Any) -> dict[str, Any]:
@@ -247,7 +252,7 @@ class PaywireExecutor(AgentExecutor):
         if task is None:
             task = Task(id=task_id, context_id=context_id,
                         status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED), history=[message])
-            task.metadata.CopyFrom(_struct({REQUEST_KEY: json.dumps(
+            task.metadata.CopyFrom(_struct({REQUEST_KEY: json_text(
                 {"skill": call.skill_id, "input": call.input, "operation": call.operation})}))
             await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
@@ -268,7 +273,7 @@ class PaywireExecutor(AgentExecutor):
             raise InvalidParamsError(
                 message=f"task {task.id} is not waiting for a payment (state "
                         f"{TaskState.Name(task.status.state)})", data={"field": "message.taskId"})
-        request = json.loads(stored)
+        request = json_value(stored)
         late = self.gateway.late_payment(
             time.time() - task.status.timestamp.ToDatetime(UTC).timestamp())
         if late is not None:
@@ -335,7 +340,7 @@ class PaywireExecutor(AgentExecutor):
                 # The data part is convenient but protobuf turns its integers into doubles;
                 # the JSON text part is the REST body exactly.
                 parts.append(new_data_part(body, "application/json"))
-                parts.append(new_text_part(json.dumps(body, ensure_ascii=False), "application/json"))
+                parts.append(new_text_part(json_text(body), "application/json"))
                 text = _answer_text(body)
                 if text:
                     parts.append(new_text_part(text))
@@ -434,7 +439,7 @@ def _is_json(media_type: str) -> bool:
 
 def _json_or_bytes(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        return json_value(raw)
     except ValueError:
         return raw
 

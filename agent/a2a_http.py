@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,7 +41,7 @@ from .a2a_messages import (
     parse_skill_call_json,
 )
 from .gateway import CallRequest, Gateway, PaymentDemanded, Refused
-from .http_io import InvalidJson, json_bytes, parse_json, payment_from, receipt_headers, render
+from .http_io import InvalidJson, json_bytes, json_value, parse_json, payment_from, receipt_headers, render
 from .identity import (
     SIWX_HEADER,
     TASK_TOKEN_HEADER,
@@ -294,7 +293,7 @@ def _rewrite(raw: bytes, token: str | None) -> bytes:
     if token is None and b'"data"' not in raw:
         return raw
     try:
-        answer = json.loads(raw)
+        answer = json_value(raw)
     except ValueError:
         return raw
     changed = _exact_numbers(answer)
@@ -328,7 +327,7 @@ def _exact_parts(parts: list[Any]) -> bool:
     for part in parts:
         if isinstance(part, dict) and isinstance(part.get("text"), str) and part["text"][:1] in "{[":
             try:
-                texts.append(json.loads(part["text"]))
+                texts.append(json_value(part["text"]))
             except ValueError:
                 continue
     changed = False
@@ -391,7 +390,7 @@ def _plain_id(value: Any) -> bool:
 
 
 async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
-    raw = json.dumps(body).encode()
+    raw = json_bytes(body)
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(raw)).encode())]})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+import orjson
 from x402.schemas import (
     PaymentPayload,
     PaymentPayloadV1,
@@ -148,8 +149,15 @@ class Refused(Outcome):
 
 
 def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
-    canonical = json.dumps({"skill": skill_id, "payload": payload or {}}, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """What identifies a call's request: its skill and payload as canonical (key-sorted) JSON.
+    orjson at C speed; the standard library where orjson cannot write a value (integers beyond
+    64 bits)."""
+    call = {"skill": skill_id, "payload": payload or {}}
+    try:
+        canonical = orjson.dumps(call, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        canonical = json.dumps(call, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()
 
 
 RETRY_AFTER_SECONDS = 5  # how soon a call refused while payments are not ready may be tried again

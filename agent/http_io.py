@@ -21,6 +21,7 @@ from skills import wire_json
 from .gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 
 json_bytes = wire_json.dumps  # JSON as faces send it: compact UTF-8, one codec for every face
+json_value = wire_json.loads  # JSON as faces read what is already bounded (their own answers)
 
 
 class HttpProblem(Exception):

@@ -13,7 +13,6 @@ computed here: fixed prices are read from `skill.price_usd`; skills with a price
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from email.utils import formatdate, parsedate_to_datetime
@@ -35,6 +34,7 @@ from starlette.routing import Route
 
 from agent.a2a_messages import X402_EXTENSION
 from agent.catalogue import HELP_SKILL, Catalogue, fixed_price_text
+from agent.http_io import json_bytes
 
 if TYPE_CHECKING:
     from skills.skill import Skill
@@ -91,7 +91,7 @@ def _tags(skill: Skill) -> list[str]:
 
 def skill_example(skill_id: str, example: dict[str, Any] | None = None) -> str:
     """The exact data part that calls a skill, as JSON text."""
-    return json.dumps({"skill": skill_id, "input": example or {}}, ensure_ascii=False)
+    return json_bytes({"skill": skill_id, "input": example or {}}).decode()
 
 
 def agent_skill(skill: Skill) -> AgentSkill:
@@ -235,7 +235,7 @@ class _Document:
     Last-Modified (when this content was first rendered, to the second)."""
 
     def __init__(self, data: dict[str, Any]) -> None:
-        self.body = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+        self.body = json_bytes(data)
         self.etag = f'"{hashlib.sha256(self.body).hexdigest()}"'
         self.modified = int(time.time())
         self.last_modified = formatdate(self.modified, usegmt=True)
