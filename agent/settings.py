@@ -115,7 +115,18 @@ _EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
 MEBIBYTE = 1024 * 1024
 
 
-class Settings(BaseSettings):
+class _FromEnvironment(BaseSettings):
+    """Settings read from the mapping `from_env` names (or the process environment) only: no
+    .env file, no secrets directory."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
+                                   env_settings: Any, dotenv_settings: Any,
+                                   file_secret_settings: Any) -> tuple[Any, ...]:
+        return (init_settings, _Environment(settings_cls, case_sensitive=True))
+
+
+class Settings(_FromEnvironment):
     """paywire's configuration: one field per environment variable (`validation_alias`)."""
 
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, extra="ignore",
@@ -242,12 +253,6 @@ class Settings(BaseSettings):
 
     # The variables as read (stripped, blanks left out), for `variables()`: never handed out whole.
     _environ: dict[str, str] = PrivateAttr(default_factory=dict)
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
-                                   env_settings: Any, dotenv_settings: Any,
-                                   file_secret_settings: Any) -> tuple[Any, ...]:
-        return (init_settings, _Environment(settings_cls, case_sensitive=True))
 
     # ---- reading ----
     @classmethod
@@ -452,7 +457,7 @@ class Settings(BaseSettings):
 _FIELD_OF = {_info.validation_alias: _name for _name, _info in Settings.model_fields.items()}
 
 
-class PayerSettings(BaseSettings):
+class PayerSettings(_FromEnvironment):
     """What `paywire pay` (the client) reads; the gateway's settings are not needed to pay."""
 
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, extra="ignore")
@@ -464,12 +469,6 @@ class PayerSettings(BaseSettings):
         "PAYWIRE_SOLANA_RPC_URL", "`paywire pay`: the Solana node a payment is built with")
     data_dir: Path = _var("PAYWIRE_DATA_DIR", Path(".paywire"),
                           "`paywire pay`: where the devnet demo payer's keys are", accepts="a folder")
-
-    @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
-                                   env_settings: Any, dotenv_settings: Any,
-                                   file_secret_settings: Any) -> tuple[Any, ...]:
-        return (init_settings, _Environment(settings_cls, case_sensitive=True))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PayerSettings:

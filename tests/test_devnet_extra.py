@@ -19,7 +19,7 @@ from x402.mechanisms.evm.exact import register_exact_evm_facilitator
 from payments.devnet.evm import EvmDevnet
 from tests.support.facilitator_server import facilitator_app
 from tests.support.live_server import bound_socket, run_in_thread
-from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, receipt, sign
+from tests.support.paying import EVM_NET, pay_once, receipt
 from tests.support.served_process import ROOT, free_port, paywire_env, stop, wait_healthy
 
 # Put first on sys.meta_path: the devnet extra's modules are "not installed".
@@ -130,9 +130,7 @@ def test_production_serve_takes_a_payment_without_the_extra(
         wait_healthy(url, proc)
         resource = f"{url}/v1/marketplace/api/token-count-508"
         body = {"text": "Paid without py-evm in the gateway.", "model": "gpt-4o-mini"}
-        _, required = quote(resource, body)
-        client = client_for(url, evm_key="0x" + payer.key.hex().removeprefix("0x"))
-        paid = post_paid(resource, body, header(sign(client, required, EVM_NET)))
+        paid = pay_once(url, resource, body, "0x" + payer.key.hex().removeprefix("0x"))
         assert paid.status_code == 200, paid.text
         assert receipt(paid)["success"] is True
         assert devnet.balance_of(merchant.address) == 5750

@@ -25,7 +25,7 @@ from payments.devnet.evm import EvmDevnet
 from payments.networks import SOLANA_DEVNET
 from tests.support.facilitator_server import facilitator_app
 from tests.support.live_server import bound_socket, run_in_thread
-from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, receipt, sign
+from tests.support.paying import EVM_NET, pay_once, receipt
 from tests.support.served_process import (
     PAYWIRE,
     ROOT,
@@ -182,9 +182,7 @@ def test_a_facilitator_down_at_startup_then_up(tmp_path: Path) -> None:
         assert ready.status_code == 200 and ready.json() == {"ready": True}
         assert httpx.get(f"{url}/health").json()["ready"] is True
 
-        _, required = quote(resource, BODY)
-        client = client_for(url, evm_key="0x" + payer.key.hex().removeprefix("0x"))
-        paid = post_paid(resource, BODY, header(sign(client, required, EVM_NET)))
+        paid = pay_once(url, resource, BODY, "0x" + payer.key.hex().removeprefix("0x"))
         assert paid.status_code == 200, paid.text
         assert receipt(paid)["success"] is True
         assert devnet.balance_of(merchant.address) == 5750

@@ -65,3 +65,10 @@ def receipt(response: httpx.Response) -> dict[str, Any]:
     v2 = response.headers["PAYMENT-RESPONSE"]
     assert response.headers["X-PAYMENT-RESPONSE"] == v2
     return json.loads(decode_base64_any(v2))
+
+
+def pay_once(url: str, resource: str, body: dict[str, Any], evm_key: str) -> httpx.Response:
+    """Quote `resource` on the gateway at `url`, sign the EVM option with `evm_key`, pay it."""
+    _, required = quote(resource, body)
+    return post_paid(resource, body, header(sign(client_for(url, evm_key=evm_key), required,
+                                                 EVM_NET)))
