@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: serve test lint clean
+.PHONY: serve test lint clean postgres
 
 # `make serve` runs the local devnet: the optional extra paywire[devnet] (py-evm, eth-tester).
 # A production install is `pip install .`, without it. The test extra includes it.
@@ -18,10 +18,20 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml package.json package-
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# The tests start a throwaway PostgreSQL server (tests/support/postgres.py) from the binaries of
+# Debian's `postgresql` package, installed here when missing (as root, or through sudo).
+postgres:
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  echo "make: installing PostgreSQL for the tests (apt-get install postgresql)"; \
+	  sudo=; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    postgresql >/dev/null; }
+
 serve: $(VENV)/.installed
 	$(VENV)/bin/paywire serve
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.test-installed postgres
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

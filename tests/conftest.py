@@ -11,6 +11,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.support.live_server import LiveServer, start_server  # noqa: E402
+from tests.support.postgres import PostgresServer, start_postgres, stop_postgres  # noqa: E402
 
 pytest_plugins = ["tests.support.model_env"]
 
@@ -33,3 +34,12 @@ def test_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
                         env={"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)})
     yield live
     live.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throwaway PostgreSQL server for the session (tests/support/postgres.py); tests take a
+    fresh schema each (`PostgresServer.fresh_url`). No binaries: the fixture fails."""
+    pg = start_postgres()
+    yield pg
+    stop_postgres(pg)

@@ -1,5 +1,6 @@
 """The pipeline in process: `Gateway.call` over an in-memory registry, a real `PaymentProcessor` on
-a scripted facilitator, a real `Ledger` on a temporary SQLite file, model skills on a fake upstream.
+a scripted facilitator, a real `Ledger` (on a temporary SQLite file or a fresh schema of the test
+PostgreSQL server: the tier's conftest runs each test on both), model skills on a fake upstream.
 
 Payments are real x402 v2 EVM payloads, signed offline by the SDK's client with a throwaway key,
 for the quote the gateway itself answered (so they match the recomputed requirements)."""
@@ -10,7 +11,6 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 from eth_account import Account
@@ -103,8 +103,8 @@ def payment_of(signed: dict[str, Any]) -> Payment:
     return payment
 
 
-async def build_pipeline(db: Path) -> tuple[Pipeline, Any]:
-    engine = make_engine(f"sqlite+aiosqlite:///{db}")
+async def build_pipeline(database_url: str) -> tuple[Pipeline, Any]:
+    engine = make_engine(database_url)
     ledger = Ledger(engine)
     await ledger.create_tables()
     facilitator = ScriptedFacilitator(networks=[EVM_NET])
