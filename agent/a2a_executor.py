@@ -370,10 +370,14 @@ class PaywireExecutor(AgentExecutor):
                  RECEIPTS_KEY: receipts}))
             return
         assert isinstance(outcome, Refused)
-        await updater.failed(_agent_message(
-            ctx, tid, outcome.message,
-            {"paywire.error": {"code": outcome.code, "message": outcome.message,
-                               "param": outcome.param, "status": outcome.status}}))
+        meta: dict[str, Any] = {"paywire.error": {
+            "code": outcome.code, "message": outcome.message, "param": outcome.param,
+            "status": outcome.status, "retry_after": outcome.retry_after}}
+        if outcome.receipt is not None:  # a settlement not confirmed yet: its transaction
+            meta[RECEIPTS_KEY] = [_dump(outcome.receipt)]
+            if scope is not None:
+                scope.receipt = outcome.receipt
+        await updater.failed(_agent_message(ctx, tid, outcome.message, meta))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Reached only for a task `reserve_cancel` admitted (waiting for payment, nothing running):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -22,10 +22,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from compat import marketplace, openai_api
+from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
 from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavailable
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
+from payments.leases import SettlementPolicy
 from payments.ledger import Ledger
+from payments.networks import lookup_network
 from payments.processor import PaymentProcessor, PayTo
+from payments.reconciler import Reconciler, chain_asker
+from payments.schema import ensure_current
+from payments.send_lock import send_lock_for
 from skills.help import make_help_skill
 from skills.models.catalog import Catalog, CatalogError, load_catalog
 from skills.models.model_skills import build_model_skills
@@ -205,13 +211,19 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
     else:
         networks = list(settings.networks)
         if settings.facilitator_url:
-            facilitator = remote_facilitator(settings.facilitator_url,
-                                             timeout=settings.facilitator_timeout_seconds)
+            if settings.facilitator_timeout_seconds is not None:
+                log.warning("PAYWIRE_FACILITATOR_TIMEOUT_SECONDS is deprecated: set "
+                            "PAYWIRE_FACILITATOR_VERIFY_TIMEOUT_SECONDS and "
+                            "PAYWIRE_FACILITATOR_SETTLE_TIMEOUT_SECONDS instead")
+            facilitator = remote_facilitator(
+                settings.facilitator_urls, verify_timeout=settings.facilitator_verify_timeout_seconds,
+                settle_timeout=settings.facilitator_settle_timeout_seconds)
         else:
             evm_signer, svm_signer = rpc_signers(
                 evm_key=settings.secret("evm_facilitator_key"), evm_rpc_url=settings.evm_rpc_url or "",
                 solana_key=settings.secret("solana_facilitator_key"),
-                solana_rpc_url=settings.solana_rpc_url or "")
+                solana_rpc_url=settings.solana_rpc_url or "",
+                receipt_timeout=settings.settlement_receipt_timeout_seconds)
             facilitator = in_process_facilitator(
                 networks, evm_signer=evm_signer, svm_signer=svm_signer)
         pay_to = [
@@ -264,6 +276,54 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
     return routes, (store, handler)
 
 
+READINESS_TIMEOUT_SECONDS = 3.0
+_CHAIN_PING = {"evm": ("eth_blockNumber", []), "svm": ("getSlot", [])}
+
+
+async def readiness_problems(engine: AsyncEngine, processor: PaymentProcessor,
+                             chain_rpcs: Mapping[str, JsonRpc]) -> dict[str, str]:
+    """What keeps paid calls from being taken right now, by component (empty: ready)."""
+
+    async def database() -> None:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def chain(network: str, rpc: JsonRpc) -> None:
+        method, params = _CHAIN_PING[lookup_network(network).family]
+        await rpc.call(method, params)
+
+    checks: dict[str, Any] = {"database": database()}
+    checks |= {f"chain {network}": chain(network, rpc) for network, rpc in chain_rpcs.items()}
+    names = list(checks)
+    results = await asyncio.gather(
+        *(asyncio.wait_for(c, READINESS_TIMEOUT_SECONDS) for c in checks.values()),
+        return_exceptions=True)
+    problems = {name: f"{type(r).__name__}: {r}"[:300] if str(r) else type(r).__name__
+                for name, r in zip(names, results, strict=True) if isinstance(r, BaseException)}
+    if not processor.ready:
+        problems["payments"] = processor.waiting_for or "the facilitator has not answered yet"
+    return problems
+
+
+def chain_rpcs_for(settings: Settings, devnet: Any | None) -> dict[str, JsonRpc]:
+    """The RPC the reconciler asks each network's chain through: the one its facilitator settles
+    on (the in-process devnet chains, or the configured nodes)."""
+    rpcs: dict[str, JsonRpc] = {}
+    if devnet is not None:
+        rpcs[devnet.evm.NETWORK] = InProcessRpc(devnet.evm.rpc)
+        rpcs[devnet.solana.NETWORK] = InProcessRpc(devnet.solana.rpc)
+        return rpcs
+    for network in settings.networks:
+        url = settings.evm_rpc_url if network.family == "evm" else settings.solana_rpc_url
+        if url:
+            rpcs[network.caip2] = HttpJsonRpc(url)
+        else:
+            log.warning("no RPC URL for %s: settlements whose outcome is unknown there cannot be "
+                        "reconciled (set %s)", network.caip2, "PAYWIRE_EVM_RPC_URL"
+                        if network.family == "evm" else "PAYWIRE_SOLANA_RPC_URL")
+    return rpcs
+
+
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
     if settings.devnet and devnet is None:
@@ -288,8 +348,17 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     registry = build_registry(settings, upstreams, resources)
     processor = build_payments(settings, devnet)
     registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
+    policy = SettlementPolicy(
+        lease_seconds=settings.settlement_lease_seconds,
+        keep_result_seconds=settings.result_keep_seconds,
+        keep_result_max_bytes=settings.result_keep_max_bytes,
+        pending_retry_seconds=settings.pending_retry_seconds)
+    chain_rpcs = chain_rpcs_for(settings, devnet)
+    reconciler = Reconciler(ledger, chain_asker(chain_rpcs.get), policy,
+                            interval_seconds=settings.reconcile_interval_seconds)
     gateway = Gateway(registry, processor, ledger,
-                      payment_window_seconds=settings.a2a_payment_timeout_seconds)
+                      payment_window_seconds=settings.a2a_payment_timeout_seconds,
+                      policy=policy, reconciler=reconciler)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
@@ -298,16 +367,32 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await ledger.create_tables()
-        await task_store.initialize()
+        # The ledger's schema must be this paywire's (an empty database is created at head);
+        # `paywire serve` checks first, so an outdated one stops it with one line, not this.
+        await ensure_current(engine)
+        await task_store.initialize()  # the a2a SDK's `tasks` table: its own, not migrated
         asking = None if processor.ready else asyncio.create_task(
             processor.keep_starting(max_delay=settings.facilitator_retry_max_seconds))
+        # Replicas sharing a database take turns sending from a shared facilitator key.
+        share = getattr(processor.facilitator, "share_sends", None)
+        if share is not None:
+            loop = asyncio.get_running_loop()
+            await asyncio.to_thread(share, lambda name: send_lock_for(engine, loop, name))
+        # Leases of the payments in flight stay alive while this process does; the reconciler
+        # settles, at startup and then periodically, whatever a dead replica left unfinished.
+        background = [asyncio.create_task(gateway.in_flight.run()),
+                      asyncio.create_task(reconciler.run_forever())]
         yield
-        if asking is not None:
-            asking.cancel()
+        for task in [*background, *([asking] if asking is not None else [])]:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asking
-        await a2a_handler.aclose()
+                await task
+        for rpc in chain_rpcs.values():
+            closing = getattr(rpc, "aclose", None)
+            if closing is not None:
+                await closing()
+        await a2a_handler.aclose()  # A2A executions end first: a settlement runs to its end
+        await processor.aclose()
         await upstreams.aclose()
         await resources.aclose()
         await engine.dispose()
@@ -318,13 +403,16 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                              "skills": len(registry)})
 
     async def readyz(request: Request) -> Response:
-        """Readiness: 200 when paid calls can be taken, else 503 saying what is not ready."""
-        if processor.ready:
+        """Readiness: 200 when paid calls can be taken (the database answers, the facilitator
+        told its payment kinds, every chain's RPC answers), else 503 saying what is not ready."""
+        problems = await readiness_problems(engine, processor, chain_rpcs)
+        if not problems:
             return JSONResponse({"ready": True})
-        return JSONResponse({"ready": False, "not_ready": {"payments": processor.waiting_for}},
+        return JSONResponse({"ready": False, "not_ready": problems},
                             503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
     route_list: list[Any] = [Route("/health", health, methods=["GET"]),
+                             Route("/healthz", health, methods=["GET"]),
                              Route("/readyz", readyz, methods=["GET"])]
     # the model routes first: they carry most traffic and routes are matched in order
     route_list += openai_api.routes(gateway, settings.max_body_bytes, settings.base_url,

@@ -13,12 +13,15 @@ import contextvars
 import hashlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import orjson
+from sqlalchemy.exc import SQLAlchemyError
 from x402.schemas import (
     PaymentPayload,
     PaymentPayloadV1,
@@ -28,12 +31,33 @@ from x402.schemas import (
     SettleResponse,
 )
 
+from payments import failpoints
+from payments.broadcast_trace import BroadcastTrace, current_trace
 from payments.codec import PaymentHeaderError, decode_payment_header, decode_payment_object
 from payments.facilitator_status import NOT_READY
-from payments.ledger import AlreadyUsed, ClaimRequest, Ledger
+from payments.leases import InFlight, SettlementPolicy
+from payments.ledger import (
+    Claimed,
+    ClaimRequest,
+    Existing,
+    Ledger,
+    PaymentRow,
+    PaymentState,
+    StoredResult,
+)
 from payments.money import usd_to_atomic
 from payments.payload_shape import INVALID_PAYLOAD, payload_problem
-from payments.processor import Matched, PaymentProcessor, payment_key
+from payments.processor import (
+    Matched,
+    PaymentIdentifierError,
+    PaymentIdentity,
+    PaymentProcessor,
+    identify,
+    payment_identifier,
+)
+from payments.reconciler import Reconciler
+from payments.settlement_outcome import SETTLEMENT_PENDING, NotMoved, Unknown, classify
+from skills import wire_json
 from skills.errors import (
     SkillError,
     SkillInputError,
@@ -142,6 +166,7 @@ class Refused(Outcome):
     raw: tuple[bytes, str] | None = None  # an upstream's own answer (body, type), passed on as is
     extra: dict[str, Any] = field(default_factory=dict)
     retry_after: int | None = None  # seconds; when the same call can be tried again
+    receipt: SettleResponse | None = None  # a settlement's state (pending: its transaction)
 
     @property
     def retry_safe(self) -> bool:
@@ -161,6 +186,10 @@ def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
 
 
 RETRY_AFTER_SECONDS = 5  # how soon a call refused while payments are not ready may be tried again
+NOTE_TRANSACTION_AFTER_SECONDS = 1.0  # a settlement slower than this writes its transaction early
+
+# What a ledger that cannot be reached raises (a dropped or refused database connection).
+LEDGER_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 
 # The model a request that names none is quoted and run on, as OpenAI's API does.
 DEFAULT_MODELS = {"images.generations": "dall-e-2", "images.edits": "dall-e-2"}
@@ -169,13 +198,17 @@ DEFAULT_MODELS = {"images.generations": "dall-e-2", "images.edits": "dall-e-2"}
 class Gateway:
     def __init__(
         self, registry: SkillRegistry, processor: PaymentProcessor, ledger: Ledger,
-        *, payment_window_seconds: float = 900,
+        *, payment_window_seconds: float = 900, policy: SettlementPolicy | None = None,
+        reconciler: Reconciler | None = None,
     ) -> None:
         self.registry = registry
         self.payment_window_seconds = payment_window_seconds
         self.catalogue = Catalogue(registry)  # what faces may read of the registry
         self.processor = processor
         self.ledger = ledger
+        self.policy = policy or SettlementPolicy()
+        self.in_flight = InFlight(ledger, self.policy)  # the leases this process renews
+        self.reconciler = reconciler  # resolves a retried payment whose replica is gone
 
     def late_payment(self, waited_seconds: float) -> str | None:
         """Why a payment arriving `waited_seconds` after its quote (an A2A task waiting in
@@ -244,34 +277,81 @@ class Gateway:
         if problem is not None:  # refused here: a facilitator would raise on it, not answer
             return demand(INVALID_PAYLOAD, f"payment rejected: {problem}")
 
+        try:
+            paid = _Paid(t=t, skill=skill, op=op, req=req, payload=payload, matched=matched,
+                         identity=identify(matched, self.processor.transaction_id),
+                         payment_id=payment_identifier(matched.payload),
+                         digest=request_digest(skill.id, payload), atomic=atomic, demand=demand)
+        except PaymentIdentifierError as exc:
+            return Refused(t, 400, "invalid_payment_identifier", str(exc),
+                           param="extensions.payment-identifier.info.id")
+
         with t.stage("verify"):
             try:
                 verified = await self.processor.verify(matched)
             except Exception as exc:  # the facilitator itself failed: not the payer's fault
                 log.exception("facilitator verify failed for skill %s", skill.id)
+                verified, verify_error = None, type(exc).__name__
+        if verified is None or not verified.is_valid:
+            # A payment that already moved (or may have) no longer verifies: its retry is
+            # answered from the ledger, never refused as if nothing had happened.
+            known = await self._known(paid)
+            if known is not None:
+                return await self._answer_retry(paid, known, verified_ok=False)
+            if verified is None:
                 return Refused(t, 503, "facilitator_unavailable",
-                               f"payment verification is unavailable right now ({type(exc).__name__}); "
-                               "retry later, nothing was charged")
-        if not verified.is_valid:
+                               f"payment verification is unavailable right now ({verify_error}); "
+                               "retry later, nothing was charged", retry_after=RETRY_AFTER_SECONDS)
             reason = verified.invalid_reason or "invalid_payment"
             return demand(reason, f"payment rejected: {reason}")
-        payer = verified.payer or ""
+        return await self._claim_and_run(paid)
 
+    async def _known(self, paid: _Paid) -> PaymentRow | None:
+        """The ledger's row for a payment that failed verification, when it is one the ledger
+        must answer for (it may have moved, or it is the payer's named call)."""
+        try:
+            row = await self.ledger.find(paid.identity.key, paid.payment_id)
+        except LEDGER_ERRORS:
+            return None
+        if row is None:
+            return None
+        if row.state in (PaymentState.SETTLING, PaymentState.PENDING, PaymentState.SETTLED):
+            return row
+        if paid.payment_id is not None and row.payment_id == paid.payment_id:
+            return row
+        return None
+
+    async def _claim_and_run(self, paid: _Paid) -> Outcome:
+        t = paid.t
         with t.stage("claim"):
             try:
-                row_id = await _to_the_end(self.ledger.claim(ClaimRequest(
-                    key=payment_key(matched, payer),
-                    amount_atomic=atomic,
-                    asset=matched.requirement.asset,
-                    pay_to=matched.requirement.pay_to,
-                    skill_id=skill.id,
-                    request_digest=request_digest(skill.id, payload),
-                )), on_cancel=self._release_on_cancel)
-            except AlreadyUsed:
-                return demand("payment_already_used",
-                              "this payment was already used; sign a new payment for this call")
+                claim = await _to_the_end(self.ledger.claim(ClaimRequest(
+                    key=paid.identity.key,
+                    amount_atomic=paid.atomic,
+                    asset=paid.matched.requirement.asset,
+                    pay_to=paid.matched.requirement.pay_to,
+                    skill_id=paid.skill.id,
+                    request_digest=paid.digest,
+                    payment_id=paid.payment_id,
+                ), owner=self.policy.owner, lease_seconds=self.policy.lease_seconds),
+                    on_cancel=self._release_on_cancel)
+            except LEDGER_ERRORS as exc:
+                log.error("ledger unavailable at claim (%s); refused, nothing charged",
+                          type(exc).__name__)
+                return _ledger_down(t)
+        if isinstance(claim, Existing):
+            return await self._answer_retry(paid, claim.row, verified_ok=True)
+        row_id = claim.row_id
+        self.in_flight.add(row_id)
+        try:
+            failpoints.reached("after_claim")
+            return await self._run_claimed(paid, row_id)
+        finally:
+            self.in_flight.discard(row_id)
 
-        streaming = req.stream and op.streamer is not None
+    async def _run_claimed(self, paid: _Paid, row_id: str) -> Outcome:
+        t, op, payload = paid.t, paid.op, paid.payload
+        streaming = paid.req.stream and op.streamer is not None
         with t.stage("run"):
             try:
                 if streaming:
@@ -281,24 +361,133 @@ class Gateway:
                     result = SkillResult(body=None, media_type="text/event-stream")
                 else:
                     result = await op.run(payload)
+                failpoints.reached("during_run")
             except asyncio.CancelledError:
                 # The caller left (disconnect, A2A cancel, shutdown) before settlement began:
                 # nothing moved, so the claim is released and the same payment may be retried.
-                await _to_the_end(self.ledger.release(row_id, "cancelled before settlement"))
+                await _to_the_end(self._release(row_id, "cancelled before settlement"))
                 if streaming:
                     await _to_the_end(chunks.aclose())
                 raise
             except Exception as exc:
-                return await self._run_failed(t, skill, row_id, exc)
+                return await self._run_failed(t, paid.skill, row_id, exc)
         # Settlement runs to its end even if the caller is cancelled meanwhile: a settlement cut
         # halfway would leave the payer charged and the ledger not knowing it.
         if streaming:
-            return await _to_the_end(self._settle_stream(t, skill, matched, row_id, chunks, first,
-                                                         atomic, demand),
+            return await _to_the_end(self._settle_stream(paid, row_id, chunks, first),
                                      on_cancel=lambda outcome: self._undelivered_stream(
                                          outcome, row_id, chunks))
-        return await _to_the_end(self._settle_and_deliver(t, skill, matched, row_id, result,
-                                                          atomic, demand))
+        return await _to_the_end(self._settle_and_deliver(paid, row_id, result))
+
+    async def _answer_retry(self, paid: _Paid, row: PaymentRow, *, verified_ok: bool) -> Outcome:
+        """A payment the ledger already knows (the same signed payment again, or another one under
+        the same payment identifier): the stored answer, the pending state, or a fresh run when
+        nothing moved; never a second charge."""
+        t, pid = paid.t, paid.payment_id
+        if pid is not None and row.payment_id == pid:
+            if row.request_digest != paid.digest or row.payer != paid.identity.key.normalized().payer:
+                return Refused(t, 409, "payment_identifier_conflict",
+                               f"payment identifier '{pid}' was already used for a different request; "
+                               "use a new identifier for a new request",
+                               param="extensions.payment-identifier.info.id")
+        elif row.request_digest != paid.digest:
+            return paid.demand("payment_already_used",
+                               "this payment was already used for a different request; sign a new "
+                               "payment for this one")
+        state = row.state
+        if state == PaymentState.RELEASED:
+            # Only reached for an identifier whose earlier payment moved nothing: this payment
+            # takes the identifier over and runs as a new call.
+            if verified_ok and row.key != paid.identity.key.normalized():
+                try:
+                    if await self.ledger.free_payment_id(row.id):
+                        return await self._claim_and_run(paid)
+                except LEDGER_ERRORS:
+                    return _ledger_down(t)
+            return paid.demand("invalid_payment", "payment rejected: it no longer verifies")
+        if state == PaymentState.CLAIMED:
+            wait = max(1, math.ceil(row.lease_left(_utcnow())))
+            return Refused(t, 409, "payment_in_progress",
+                           f"a call with this payment is still running; retry the identical request "
+                           f"with the same payment in {wait} s (it will not be charged twice)",
+                           retry_after=wait)
+        if state in (PaymentState.SETTLING, PaymentState.PENDING):
+            if row.lease_left(_utcnow()) <= 0 and self.reconciler is not None:
+                try:
+                    row = await self.reconciler.resolve(row) or row
+                except Exception as exc:  # noqa: BLE001 - the answer stays "pending"
+                    log.warning("could not reconcile payment %s now: %s", row.id, type(exc).__name__)
+            if row.state == PaymentState.RELEASED:
+                if verified_ok or (await self._reverifies(paid)):
+                    return await self._claim_and_run(paid)
+                return paid.demand("invalid_payment", "payment rejected: it no longer verifies; "
+                                   "nothing was charged")
+            if row.state in (PaymentState.SETTLING, PaymentState.PENDING):
+                return self._pending(t, row.network, row.tx_hash,
+                                     max(1, math.ceil(row.lease_left(_utcnow())))
+                                     if row.lease_left(_utcnow()) > 0
+                                     else self.policy.pending_retry_seconds)
+        if row.state == PaymentState.SETTLED:
+            return await self._redeliver(paid, row)
+        return paid.demand("payment_already_used",
+                           "this payment was already used; sign a new payment for this call")
+
+    async def _reverifies(self, paid: _Paid) -> bool:
+        try:
+            return (await self.processor.verify(paid.matched)).is_valid
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def _redeliver(self, paid: _Paid, row: PaymentRow) -> Outcome:
+        """A settled payment asked again: its kept result, or one free run if its result never
+        reached the payer and was not kept."""
+        t = paid.t
+        receipt = SettleResponse(success=True, transaction=row.tx_hash or "", network=row.network,
+                                 payer=row.payer, amount=str(row.amount_atomic))
+        try:
+            kept = await self.ledger.stored_result(row.id)
+        except LEDGER_ERRORS:
+            return _ledger_down(t)
+        if kept is not None:
+            return Delivered(t, _result_of(kept), receipt, row.amount_atomic)
+        if not await self.ledger.take_redelivery(row.id):
+            return paid.demand("payment_already_used",
+                               "this payment was already used and its result delivered; sign a new "
+                               "payment to call again")
+        op, payload = paid.op, paid.payload
+        with t.stage("run"):
+            try:
+                if paid.req.stream and op.streamer is not None:
+                    stream = _without_usage(op.streamer(payload))
+                    return Delivered(t, SkillResult(body=None), receipt, row.amount_atomic,
+                                     stream=stream)
+                result = await op.run(payload)
+            except Exception as exc:
+                await self.ledger.undo_redelivery(row.id)
+                if isinstance(exc, SkillError):
+                    return _refusal(t, exc)
+                log.error("skill %s failed on a free re-run", paid.skill.id, exc_info=exc)
+                return Refused(t, 500, "skill_failed", f"skill '{paid.skill.id}' failed "
+                               f"({type(exc).__name__}); retry with the same payment")
+        return Delivered(t, result, receipt, row.amount_atomic)
+
+    def _pending(self, t: Timings, network: str, tx_hash: str | None, wait: int) -> Refused:
+        receipt = SettleResponse(success=False, error_reason=SETTLEMENT_PENDING,
+                                 error_message="the settlement's outcome is not known yet",
+                                 transaction=tx_hash or "", network=network)
+        return Refused(t, 503, SETTLEMENT_PENDING,
+                       "the payment's settlement is not confirmed yet; retry the identical request "
+                       f"with the same payment in {wait} s to get the result (it will not be "
+                       "charged twice)", retry_after=wait, receipt=receipt)
+
+    async def _release(self, row_id: str, reason: str, **kwargs: Any) -> None:
+        """Release a claim; if the ledger is down the claim's lease runs out and the reconciler
+        releases it."""
+        try:
+            await self.ledger.release(row_id, reason, **kwargs)
+        except LEDGER_ERRORS as exc:
+            log.warning("could not release payment %s (%s); its lease will run out",
+                        row_id, type(exc).__name__)
 
     async def _undelivered_stream(self, outcome: Outcome, row_id: str,
                                   chunks: AsyncIterator[Any]) -> None:
@@ -309,9 +498,10 @@ class Gateway:
             await self.ledger.record_usage(row_id, latency_ms=round(outcome.timings.total_ms()),
                                            usage={"chunks": 0, "delivery": "none"})
 
-    async def _release_on_cancel(self, row_id: str) -> None:
+    async def _release_on_cancel(self, claim: Claimed | Existing) -> None:
         """A claim that completed while its caller was being cancelled: nothing will run."""
-        await self.ledger.release(row_id, "cancelled before settlement")
+        if isinstance(claim, Claimed):
+            await self._release(claim.row_id, "cancelled before settlement")
 
     async def _run_failed(self, t: Timings, skill: Skill, row_id: str, exc: Exception) -> Outcome:
         """The skill did not deliver: release the claim (nothing is charged) and say why."""
@@ -319,23 +509,21 @@ class Gateway:
             refused = _refusal(t, exc)
             usage = exc.usage if isinstance(exc, UpstreamError) else None
             cost = exc.upstream_cost_usd if isinstance(exc, UpstreamError) else None
-            await self.ledger.release(row_id, refused.message, usage=usage, upstream_cost_usd=cost)
+            await self._release(row_id, refused.message, usage=usage, upstream_cost_usd=cost)
             return refused
         log.error("skill %s failed", skill.id, exc_info=exc)
-        await self.ledger.release(row_id, f"{type(exc).__name__}: {exc}")
+        await self._release(row_id, f"{type(exc).__name__}: {exc}")
         return Refused(t, 500, "skill_failed",
                        f"skill '{skill.id}' failed ({type(exc).__name__}); nothing was charged")
 
-    async def _settle_stream(self, t: Timings, skill: Skill, matched: Matched, row_id: str,
-                             chunks: AsyncIterator[Any], first: Any, atomic: int, demand: Any
-                             ) -> Outcome:
+    async def _settle_stream(self, paid: _Paid, row_id: str, chunks: AsyncIterator[Any],
+                             first: Any) -> Outcome:
         """Settle with the first chunk in hand, before any byte goes out; then pass the rest."""
-        outcome = await self._settle_and_deliver(t, skill, matched, row_id, SkillResult(body=None),
-                                                 atomic, demand, record=False)
+        outcome = await self._settle_and_deliver(paid, row_id, SkillResult(body=None), record=False)
         if not isinstance(outcome, Delivered):
             await chunks.aclose()  # cancel the upstream: the payment did not settle
             return outcome
-        ledger, started = self.ledger, t
+        ledger, started = self.ledger, paid.t
 
         async def rest() -> AsyncIterator[Any]:
             sent, complete, reported = 0, False, StreamUsage(None)
@@ -355,48 +543,102 @@ class Gateway:
                 # A client that left cancels this generator, and further awaits here would be
                 # cancelled too: the ledger write runs as its own task so it is not lost.
                 _detach(ledger.record_usage(row_id, latency_ms=round(started.total_ms()), usage=usage,
-                                            upstream_cost_usd=reported.upstream_cost_usd))
+                                            upstream_cost_usd=reported.upstream_cost_usd,
+                                            delivered=complete))
                 if not complete:
                     await chunks.aclose()
 
         outcome.stream = rest()
         return outcome
 
-    async def _settle_and_deliver(self, t: Timings, skill: Skill, matched: Matched, row_id: str,
-                                  result: SkillResult, atomic: int, demand: Any,
+    async def _settle_and_deliver(self, paid: _Paid, row_id: str, result: SkillResult,
                                   record: bool = True) -> Outcome:
+        t = paid.t
         with t.stage("settle"):
             guard = settle_guard.get()
             if guard is not None and not guard.begin():  # the face stopped the call: nothing moves
-                await self.ledger.release(row_id, "cancelled before settlement")
+                await self._release(row_id, "cancelled before settlement")
                 return Refused(t, 503, "cancelled_before_settlement",
                                "the call was cancelled before its payment settled; nothing was charged")
+            # The intent, before anything is broadcast: what may move, and the result a retry
+            # of this payment gets if this process dies from here on.
             try:
-                receipt = await self.processor.settle(matched)
-            except Exception as exc:
-                log.exception("settlement raised for skill %s", skill.id)
-                receipt = SettleResponse(
-                    success=False, error_reason="settlement_error",
-                    error_message=type(exc).__name__, transaction="",
-                    network=matched.requirement.network,
-                )
-        if not receipt.success:
-            reason = receipt.error_reason or "settlement_failed"
-            await self.ledger.mark_failed(row_id, reason, receipt.transaction or None)
-            return demand(reason, f"settlement failed ({reason}); the result is withheld "
-                          "and nothing was charged", receipt)
+                began = await self.ledger.begin_settlement(
+                    row_id, owner=self.policy.owner, chain_ref=paid.identity.chain_ref,
+                    lease_seconds=self.policy.lease_seconds,
+                    result=self._keepable(result) if record else None,
+                    keep_result_seconds=self.policy.keep_result_seconds)
+            except LEDGER_ERRORS as exc:
+                log.error("ledger unavailable before settlement (%s); nothing was broadcast",
+                          type(exc).__name__)
+                await self._release(row_id, "ledger unavailable before settlement")
+                return _ledger_down(t)
+            if not began:  # our lease ran out and another replica took the payment
+                return Refused(t, 409, "payment_in_progress",
+                               "this payment was taken over by another attempt; retry the identical "
+                               "request with the same payment", retry_after=self.policy.pending_retry_seconds)
+            failpoints.reached("after_intent")
+            note = _TransactionNote(self.ledger, row_id)
+            trace = BroadcastTrace(on_transaction=note.noted)
+            token = current_trace.set(trace)
+            receipt: SettleResponse | None = None
+            error: BaseException | None = None
+            try:
+                receipt = await self.processor.settle(paid.matched)
+            except Exception as exc:  # classified below: a raise is not "nothing moved"
+                error = exc
+            finally:
+                current_trace.reset(token)
+                note.cancel()
+        verdict = classify(receipt, error, trace, traced=self.processor.traces_broadcasts)
+        failpoints.reached("after_settle")
+        if isinstance(verdict, NotMoved):
+            await self._release(row_id, verdict.reason, states=(PaymentState.SETTLING,),
+                                tx_hash=verdict.transaction)
+            reason = (receipt.error_reason if receipt is not None else None) or "settlement_failed"
+            return paid.demand(reason, f"settlement failed ({reason}); the result is withheld and "
+                               "nothing was charged; the same signed payment may be sent again",
+                               receipt or SettleResponse(success=False, error_reason=reason,
+                                                         transaction="",
+                                                         network=paid.matched.requirement.network))
+        if isinstance(verdict, Unknown):
+            log.warning("payment %s: settlement outcome unknown (%s); pending until the chain says",
+                        row_id, verdict.reason)
+            try:
+                await self.ledger.mark_pending(row_id, verdict.reason, tx_hash=verdict.transaction,
+                                               retry_in_seconds=self.policy.pending_retry_seconds)
+            except LEDGER_ERRORS:
+                pass  # still `settling` under a lease: the reconciler takes it when it runs out
+            return self._pending(t, paid.matched.requirement.network, verdict.transaction,
+                                 self.policy.pending_retry_seconds)
+        assert receipt is not None
         receipt = receipt.model_copy(update={
-            "amount": receipt.amount or str(atomic),
+            "amount": receipt.amount or str(paid.atomic),
             "payer": receipt.payer or None,
         })
         with t.stage("record"):
-            if record:
-                await self.ledger.mark_settled(
-                    row_id, receipt.transaction, latency_ms=round(t.total_ms()),
-                    usage=result.usage, upstream_cost_usd=result.upstream_cost_usd)
-            else:  # a stream: its usage is recorded when it ends
-                await self.ledger.mark_settled(row_id, receipt.transaction)
-        return Delivered(t, result, receipt, atomic)
+            try:
+                if record:
+                    await self.ledger.mark_settled(
+                        row_id, receipt.transaction, latency_ms=round(t.total_ms()),
+                        usage=result.usage, upstream_cost_usd=result.upstream_cost_usd)
+                else:  # a stream: its usage and delivery are recorded when it ends
+                    await self.ledger.mark_settled(row_id, receipt.transaction, delivered=False)
+            except LEDGER_ERRORS as exc:
+                # The money moved: the payer gets the result. The row stays `settling` with its
+                # intent; once its lease runs out the reconciler finds the transfer on chain.
+                log.error("payment %s settled in %s but the ledger write failed (%s); the "
+                          "reconciler will record it", row_id, receipt.transaction, type(exc).__name__)
+        return Delivered(t, result, receipt, paid.atomic)
+
+    def _keepable(self, result: SkillResult) -> StoredResult | None:
+        """The result as kept for a retry, unless it is larger than the setting allows."""
+        body = result.body
+        raw = bytes(body) if isinstance(body, bytes | bytearray) else wire_json.dumps(body)
+        if len(raw) > self.policy.keep_result_max_bytes:
+            return None
+        return StoredResult(result.status, result.media_type, raw)
+
 
     async def _run_free(self, t: Timings, skill: Skill, op: Operation, req: CallRequest,
                         payload: dict[str, Any], validated: bool) -> Outcome:
@@ -412,6 +654,74 @@ class Gateway:
                 return Delivered(t, await op.run(payload))
             except SkillError as exc:
                 return _refusal(t, exc, before_quote=True)
+
+
+class _TransactionNote:
+    """Writes a settlement's transaction id to its row if the settlement takes longer than a
+    moment (the signer calls `noted` from its thread just before sending). A fast settlement
+    writes the id with its outcome instead, in one write."""
+
+    def __init__(self, ledger: Ledger, row_id: str) -> None:
+        self._ledger, self._row_id = ledger, row_id
+        self._loop = asyncio.get_running_loop()
+        self._handles: list[asyncio.TimerHandle] = []
+        self._done = False
+
+    def noted(self, transaction: str) -> None:
+        self._loop.call_soon_threadsafe(self._schedule, transaction)
+
+    def _schedule(self, transaction: str) -> None:
+        if not self._done:
+            self._handles.append(self._loop.call_later(
+                NOTE_TRANSACTION_AFTER_SECONDS,
+                lambda: _detach(_quietly(self._ledger.note_transaction(self._row_id, transaction)))))
+
+    def cancel(self) -> None:
+        self._done = True
+        for handle in self._handles:
+            handle.cancel()
+
+
+@dataclass
+class _Paid:
+    """One paid call on its way through the pipeline, once its payment matched the quote."""
+
+    t: Timings
+    skill: Skill
+    op: Operation
+    req: CallRequest
+    payload: dict[str, Any]
+    matched: Matched
+    identity: PaymentIdentity
+    payment_id: str | None
+    digest: str
+    atomic: int
+    demand: Any  # (reason, message, receipt) -> PaymentDemanded, for this call's quote
+
+
+def _ledger_down(t: Timings) -> Refused:
+    return Refused(t, 503, "ledger_unavailable",
+                   "the payment ledger is unavailable right now; nothing was charged, retry the "
+                   "identical request with the same payment later", retry_after=RETRY_AFTER_SECONDS)
+
+
+def _result_of(kept: StoredResult) -> SkillResult:
+    """A kept result as the skill gave it (JSON bodies parsed back, others as bytes)."""
+    if kept.media_type.split(";")[0].strip() == "application/json":
+        return SkillResult(body=wire_json.loads(kept.body), status=kept.status,
+                           media_type=kept.media_type)
+    return SkillResult(body=kept.body, status=kept.status, media_type=kept.media_type)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _quietly(coro: Any) -> None:
+    try:
+        await coro
+    except Exception as exc:  # noqa: BLE001 - bookkeeping that may be retried by the reconciler
+        log.warning("ledger bookkeeping failed: %s", type(exc).__name__)
 
 
 class SettleGuard:

@@ -180,6 +180,8 @@ def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None) -> 
     assert isinstance(outcome, Refused)
     if outcome.retry_after is not None:
         headers["Retry-After"] = str(outcome.retry_after)
+    if outcome.receipt is not None:  # a pending settlement: its transaction, not yet confirmed
+        headers |= receipt_headers(outcome.receipt)
     if outcome.raw is not None:
         raw, media_type = outcome.raw
         return Response(raw, outcome.status, headers, media_type)

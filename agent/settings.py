@@ -208,11 +208,24 @@ class Settings(_FromEnvironment):
                               accepts="a base58 Solana address")
     facilitator_url: str = _var(
         "PAYWIRE_FACILITATOR_URL", "", "a remote x402 facilitator (its GET /supported lists what it "
-        "settles), or leave unset for an in-process one (the keys below)",
-        accepts="an http:// or https:// URL")
-    facilitator_timeout_seconds: float = _seconds(
-        "PAYWIRE_FACILITATOR_TIMEOUT_SECONDS", 90.0, "each request to a remote facilitator "
-        "(verify, settle)")
+        "settles), or several, comma-separated, in order of preference (a settle moves to the next "
+        "only when nothing was sent); leave unset for an in-process one (the keys below)",
+        accepts="an http:// or https:// URL, or several, comma-separated")
+    facilitator_verify_timeout_seconds: float = _seconds(
+        "PAYWIRE_FACILITATOR_VERIFY_TIMEOUT_SECONDS", 15.0, "longest wait for a remote facilitator's "
+        "verify answer (then the next facilitator, or 503: nothing is charged)")
+    facilitator_settle_timeout_seconds: float = _seconds(
+        "PAYWIRE_FACILITATOR_SETTLE_TIMEOUT_SECONDS", 60.0, "longest wait for a remote facilitator's "
+        "settle answer (then the payment is pending until the chain says; keep it above the "
+        "facilitator's own receipt wait)")
+    facilitator_timeout_seconds: float | None = _var(
+        "PAYWIRE_FACILITATOR_TIMEOUT_SECONDS", None, "deprecated: when set, the default of both "
+        "PAYWIRE_FACILITATOR_VERIFY_TIMEOUT_SECONDS and PAYWIRE_FACILITATOR_SETTLE_TIMEOUT_SECONDS",
+        accepts="a number of seconds above 0", gt=0)
+    settlement_receipt_timeout_seconds: float = _seconds(
+        "PAYWIRE_SETTLEMENT_RECEIPT_TIMEOUT_SECONDS", 30.0, "in-process facilitator: how long a "
+        "settlement waits for its receipt (EVM) or confirmation (Solana) before answering "
+        "settlement_pending")
     facilitator_retry_max_seconds: float = _seconds(
         "PAYWIRE_FACILITATOR_RETRY_MAX_SECONDS", 30.0, "longest wait between two attempts to reach "
         "a facilitator that was down at startup (the gateway serves meanwhile; /readyz says 503)")
@@ -222,6 +235,24 @@ class Settings(_FromEnvironment):
     solana_facilitator_key: SecretStr | None = _key(
         "PAYWIRE_SOLANA_FACILITATOR_KEY", "in-process facilitator: the Solana fee payer's key (base58)")
     solana_rpc_url: str | None = _url("PAYWIRE_SOLANA_RPC_URL", "in-process facilitator: the Solana node")
+
+    # --- settlement: leases, kept results, the reconciler (docs/architecture.md)
+    settlement_lease_seconds: float = _seconds(
+        "PAYWIRE_SETTLEMENT_LEASE_SECONDS", 30.0, "how long a claimed or settling payment stays "
+        "with the replica working on it without being renewed (a dead replica's payments are "
+        "taken over after this)")
+    result_keep_seconds: float = _seconds(
+        "PAYWIRE_RESULT_KEEP_SECONDS", 86_400.0, "how long a paid call's result is kept, so a "
+        "retry with the same payment gets it instead of a second charge")
+    result_keep_max_bytes: int = _whole(
+        "PAYWIRE_RESULT_KEEP_MAX_BYTES", MEBIBYTE, "largest result kept for a retry (a larger "
+        "one that is lost is run again for free once)", least=0)
+    reconcile_interval_seconds: float = _seconds(
+        "PAYWIRE_RECONCILE_INTERVAL_SECONDS", 15.0, "how often the reconciler asks the chain "
+        "about payments whose settlement outcome is not known")
+    pending_retry_seconds: int = _whole(
+        "PAYWIRE_PENDING_RETRY_SECONDS", 5, "the Retry-After given while a settlement's outcome "
+        "is not known yet", most=3600)
 
     # --- model providers (the model table names these: Catalog.provider_variables())
     openai_api_key: SecretStr | None = _key("OPENAI_API_KEY", "OpenAI's API key")
@@ -279,6 +310,11 @@ class Settings(_FromEnvironment):
     @property
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def facilitator_urls(self) -> tuple[str, ...]:
+        """The remote facilitators, in order of preference (none: an in-process one)."""
+        return tuple(self.facilitator_url.split(",")) if self.facilitator_url else ()
 
     @property
     def db_url(self) -> str:
@@ -369,7 +405,45 @@ class Settings(_FromEnvironment):
             return frozenset(m.strip() for m in raw.split(",") if m.strip())
         return raw
 
-    @field_validator("public_url", "facilitator_url", "evm_rpc_url", "solana_rpc_url",
+    @field_validator("facilitator_url")
+    @classmethod
+    def _facilitator_urls(cls, value: str) -> str:
+        urls = [u.strip() for u in value.split(",")]
+        if not any(urls):
+            return ""
+        if not all(urls):
+            raise ValueError(f"has an empty entry: {value!r} (expected URLs separated by single commas)")
+        for url in urls:
+            problem = _url_problem(url)
+            if problem:
+                raise ValueError(problem if len(urls) == 1 else f"lists {url!r}, which {problem}")
+        twice = sorted({u for u in urls if urls.count(u) > 1})
+        if twice:
+            raise ValueError(f"lists {', '.join(map(repr, twice))} more than once")
+        return ",".join(urls)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _timeout_fallback(cls, data: Any) -> Any:
+        """The deprecated PAYWIRE_FACILITATOR_TIMEOUT_SECONDS stands in for the verify and settle
+        timeouts not set themselves (a bad value is reported once, as its own)."""
+        if not isinstance(data, dict):
+            return data
+        legacy = data.get("PAYWIRE_FACILITATOR_TIMEOUT_SECONDS", data.get("facilitator_timeout_seconds"))
+        try:
+            usable = legacy is not None and float(legacy) > 0
+        except (TypeError, ValueError):
+            usable = False
+        if not usable:
+            return data
+        data = dict(data)
+        for name in ("facilitator_verify_timeout_seconds", "facilitator_settle_timeout_seconds"):
+            alias = str(cls.model_fields[name].validation_alias)
+            if alias not in data and name not in data:
+                data[alias] = legacy
+        return data
+
+    @field_validator("public_url", "evm_rpc_url", "solana_rpc_url",
                      "openai_base_url", "openrouter_base_url", "anthropic_base_url", "gemini_base_url",
                      "groq_base_url", "together_base_url", "deepseek_base_url", "mistral_base_url",
                      "xai_base_url", "fireworks_base_url", "elevenlabs_base_url", "local_llm_base_url")

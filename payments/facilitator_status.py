@@ -21,3 +21,21 @@ class FacilitatorUnavailable(RuntimeError):
 
 class FacilitatorMismatch(ValueError):
     """The facilitator answered, but is not one (or does not settle what is configured)."""
+
+
+class SettlementNotBroadcast(RuntimeError):
+    """A settle failed before anything could reach the chain (the facilitator was never reached,
+    or it refused before broadcasting; the node refused the transaction): nothing moved, the
+    same signed payment may be settled again, here or by the next facilitator."""
+
+
+class SettlementUnknown(RuntimeError):
+    """A settle whose outcome is not known: the request may have reached a facilitator that
+    broadcast (a timeout after sending, a 5xx, a dropped connection, a receipt that did not come
+    in time). Never fail over or answer "nothing was charged" on it: the ledger records the
+    payment as pending and the reconciler asks the chain. `transaction` is the broadcast
+    transaction's id when it is known."""
+
+    def __init__(self, message: str, transaction: str | None = None) -> None:
+        super().__init__(message)
+        self.transaction = transaction or None

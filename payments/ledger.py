@@ -1,73 +1,43 @@
-"""The payment ledger: one row per payment, and the claim that makes each payment count once.
+"""The payment ledger: one row per payment, the claim that makes each payment count once, and
+the settlement state machine that says what may have moved (docs/architecture.md, "Settlement
+states"; the tables are in `ledger_schema.py`, migrated by Alembic).
 
 The x402 SDK's verify does not consume the payment (an EIP-3009 nonce stays unused until
 settlement lands), so two in-flight requests carrying the same payment would both verify. The
 ledger's unique key (network, payer, nonce) is what lets exactly one of them run: `claim` is an
 INSERT, and the database refuses the second. This holds across replicas sharing one PostgreSQL.
 
-States: claimed -> settled | failed | released. `released` means the call did not deliver and
-nothing was charged; the same signed payment may then be claimed again by a retry.
+Every unfinished row (claimed, settling, pending) carries a lease: the replica working on it
+(`owner`) renews it while it works. A row whose lease ran out belongs to whoever takes it next
+(a retry of the same payment, or the reconciler), by a compare-and-set on the lease.
 """
 
 from __future__ import annotations
 
-import enum
+import logging
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Column,
-    DateTime,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
-    and_,
-    insert,
-    select,
-    update,
-)
+from sqlalchemy import and_, delete, func, insert, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-metadata = MetaData()
-
-payments_table = Table(
-    "paywire_payments",
-    metadata,
-    Column("id", String(36), primary_key=True),
-    Column("network", String(64), nullable=False),
-    Column("payer", String(128), nullable=False),
-    Column("nonce", String(130), nullable=False),
-    Column("amount_atomic", BigInteger, nullable=False),
-    Column("asset", String(128), nullable=False),
-    Column("pay_to", String(128), nullable=False),
-    Column("skill_id", String(200), nullable=False),
-    Column("request_digest", String(64), nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("tx_hash", String(130)),
-    Column("error", Text),
-    Column("usage", JSON),
-    Column("upstream_cost_usd", String(32)),
-    Column("latency_ms", Integer),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-    Column("updated_at", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
+from .ledger_schema import (
+    UNFINISHED,
+    PaymentState,
+    events_table,
+    payments_table,
+    results_table,
 )
 
-
-class PaymentState(enum.StrEnum):
-    CLAIMED = "claimed"
-    SETTLED = "settled"
-    FAILED = "failed"
-    RELEASED = "released"
+__all__ = [
+    "AlreadyUsed", "ClaimRequest", "Claimed", "Existing", "Ledger", "PaymentKey", "PaymentRow",
+    "PaymentState", "StoredResult",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +48,10 @@ class PaymentKey:
     payer: str
     nonce: str
 
+    def normalized(self) -> PaymentKey:
+        payer = self.payer.lower() if self.payer.startswith("0x") else self.payer
+        return PaymentKey(self.network, payer, self.nonce)
+
 
 @dataclass(frozen=True)
 class ClaimRequest:
@@ -87,143 +61,449 @@ class ClaimRequest:
     pay_to: str
     skill_id: str
     request_digest: str
+    payment_id: str | None = None  # the x402 payment-identifier extension's id, if sent
+
+
+@dataclass(frozen=True)
+class PaymentRow:
+    """A ledger row, as the pipeline and the reconciler read it."""
+
+    id: str
+    network: str
+    payer: str
+    nonce: str
+    amount_atomic: int
+    asset: str
+    pay_to: str
+    skill_id: str
+    request_digest: str
+    state: PaymentState
+    tx_hash: str | None
+    payment_id: str | None
+    chain_ref: dict[str, Any] | None
+    owner: str | None
+    lease_until: datetime | None
+    delivered_at: datetime | None
+    created_at: datetime
+    error: str | None = None
+
+    @property
+    def key(self) -> PaymentKey:
+        return PaymentKey(self.network, self.payer, self.nonce)
+
+    def lease_left(self, now: datetime) -> float:
+        """Seconds until the lease runs out (<= 0: anyone may take the row)."""
+        if self.lease_until is None:
+            return 0.0
+        return (_aware(self.lease_until) - now).total_seconds()
+
+    @staticmethod
+    def of(mapping: Any) -> PaymentRow:
+        return PaymentRow(
+            id=mapping["id"], network=mapping["network"], payer=mapping["payer"],
+            nonce=mapping["nonce"], amount_atomic=mapping["amount_atomic"], asset=mapping["asset"],
+            pay_to=mapping["pay_to"], skill_id=mapping["skill_id"],
+            request_digest=mapping["request_digest"], state=PaymentState(mapping["state"]),
+            tx_hash=mapping["tx_hash"], payment_id=mapping["payment_id"],
+            chain_ref=mapping["chain_ref"], owner=mapping["owner"],
+            lease_until=mapping["lease_until"], delivered_at=mapping["delivered_at"],
+            created_at=mapping["created_at"], error=mapping["error"],
+        )
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """A paid call's result as kept for a retry: the status, media type and body bytes."""
+
+    status: int
+    media_type: str
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """This call holds the payment: run, then settle `row_id`."""
+
+    row_id: str
+
+
+@dataclass(frozen=True)
+class Existing:
+    """The payment (or its payment identifier) already has a row this call could not take."""
+
+    row: PaymentRow
 
 
 class AlreadyUsed(Exception):
     """The payment is claimed or settled by another request."""
 
 
-def _usd_column(amount: Decimal | None) -> str | None:
-    """USD amounts are stored as exact decimal text, never as floats."""
-    return None if amount is None else str(amount)
+# One line per state change (row id, states, transaction; never a signature or a key): what an
+# operator greps for a payment. The reconciler's changes are also kept as event rows.
+log = logging.getLogger("paywire.payments")
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 class Ledger:
-    """Async ledger over SQLAlchemy Core (SQLite file by default, PostgreSQL for replicas)."""
+    """Async ledger over SQLAlchemy Core (a SQLite file by default, PostgreSQL for replicas)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
-    async def create_tables(self) -> None:
-        async with self._engine.begin() as conn:
-            await conn.run_sync(metadata.create_all)
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
 
-    async def claim(self, req: ClaimRequest) -> str:
-        """Claim a payment for one call; returns the row id. Raises AlreadyUsed."""
-        row_id = str(uuid.uuid4())
+    async def create_tables(self) -> None:
+        """Bring the schema to the head revision (tests, and a fresh database)."""
+        from .schema import upgrade
+
+        await upgrade(self._engine)
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    async def claim(self, req: ClaimRequest, *, owner: str, lease_seconds: float) -> Claimed | Existing:
+        """Claim a payment for one call. A payment whose row is released (its call did not
+        deliver), or claimed under a lease that ran out (its replica died before anything was
+        broadcast), is taken over; any other row is handed back for the caller to decide."""
+        key = req.key.normalized()
         now = _now()
+        row_id = str(uuid.uuid4())
         values: dict[str, Any] = {
-            "id": row_id,
-            "network": req.key.network,
-            "payer": req.key.payer.lower() if req.key.payer.startswith("0x") else req.key.payer,
-            "nonce": req.key.nonce,
-            "amount_atomic": req.amount_atomic,
-            "asset": req.asset,
-            "pay_to": req.pay_to,
-            "skill_id": req.skill_id,
-            "request_digest": req.request_digest,
-            "state": PaymentState.CLAIMED,
-            "created_at": now,
-            "updated_at": now,
+            "id": row_id, "network": key.network, "payer": key.payer, "nonce": key.nonce,
+            "amount_atomic": req.amount_atomic, "asset": req.asset, "pay_to": req.pay_to,
+            "skill_id": req.skill_id, "request_digest": req.request_digest,
+            "state": PaymentState.CLAIMED, "payment_id": req.payment_id, "owner": owner,
+            "lease_until": now + timedelta(seconds=lease_seconds),
+            "created_at": now, "updated_at": now,
         }
         try:
             async with self._engine.begin() as conn:
                 await conn.execute(insert(payments_table).values(**values))
-            return row_id
+            log.info("payment %s claimed (%s on %s)", row_id, req.skill_id, key.network)
+            return Claimed(row_id)
         except IntegrityError:
             pass
-        # A payment released by a call that failed may be used again: re-claim it atomically.
         t = payments_table
-        async with self._engine.begin() as conn:
-            result = await conn.execute(
-                update(t)
-                .where(
-                    and_(
-                        t.c.network == values["network"],
-                        t.c.payer == values["payer"],
-                        t.c.nonce == values["nonce"],
-                        t.c.state == PaymentState.RELEASED,
-                    )
-                )
-                .values(
-                    state=PaymentState.CLAIMED,
-                    skill_id=req.skill_id,
-                    request_digest=req.request_digest,
-                    amount_atomic=req.amount_atomic,
-                    error=None,
-                    updated_at=now,
-                )
-                .returning(t.c.id)
-            )
-            reclaimed = result.scalar_one_or_none()
-        if reclaimed is None:
-            raise AlreadyUsed("this payment was already used for another call")
-        return reclaimed
+        try:
+            async with self._engine.begin() as conn:
+                taken = (await conn.execute(
+                    update(t)
+                    .where(and_(
+                        t.c.network == key.network, t.c.payer == key.payer, t.c.nonce == key.nonce,
+                        or_(t.c.state == PaymentState.RELEASED,
+                            and_(t.c.state == PaymentState.CLAIMED,
+                                 or_(t.c.lease_until.is_(None), t.c.lease_until < now))),
+                        # a row under another payment identifier stays that identifier's
+                        true() if req.payment_id is None else or_(
+                            t.c.payment_id.is_(None), t.c.payment_id == req.payment_id),
+                    ))
+                    .values(state=PaymentState.CLAIMED, skill_id=req.skill_id,
+                            request_digest=req.request_digest, amount_atomic=req.amount_atomic,
+                            payment_id=func.coalesce(t.c.payment_id, req.payment_id),
+                            error=None, owner=owner, chain_ref=None, tx_hash=None,
+                            lease_until=now + timedelta(seconds=lease_seconds), updated_at=now)
+                    .returning(t.c.id)
+                )).scalar_one_or_none()
+        except IntegrityError:  # the payment identifier is another row's
+            taken = None
+        if taken is not None:
+            log.info("payment %s claimed again (%s on %s)", taken, req.skill_id, key.network)
+            return Claimed(taken)
+        existing = await self.find(key, req.payment_id)
+        if existing is None:  # the conflicting row vanished meanwhile: try once more
+            return await self.claim(req, owner=owner, lease_seconds=lease_seconds)
+        return Existing(existing)
 
-    async def _transition(self, row_id: str, frm: PaymentState, **values: Any) -> bool:
+    async def find(self, key: PaymentKey, payment_id: str | None = None) -> PaymentRow | None:
+        """The row holding this payment identifier (it names the payer's call, whichever payment
+        was signed for it), else the row of this payment."""
+        key = key.normalized()
+        t = payments_table
+        async with self._engine.connect() as conn:
+            row = None
+            if payment_id is not None:
+                row = (await conn.execute(select(t).where(t.c.payment_id == payment_id))
+                       ).mappings().first()
+            if row is None:
+                row = (await conn.execute(select(t).where(and_(
+                    t.c.network == key.network, t.c.payer == key.payer, t.c.nonce == key.nonce,
+                )))).mappings().first()
+        return PaymentRow.of(row) if row is not None else None
+
+    async def free_payment_id(self, row_id: str) -> bool:
+        """Detach the payment identifier from a released row (the payer signed a new payment
+        for the same request under the same id: the new payment takes the id)."""
         t = payments_table
         async with self._engine.begin() as conn:
             result = await conn.execute(
-                update(t)
-                .where(and_(t.c.id == row_id, t.c.state == frm))
-                .values(updated_at=_now(), **values)
-            )
+                update(t).where(and_(t.c.id == row_id, t.c.state == PaymentState.RELEASED))
+                .values(payment_id=None, updated_at=_now()))
             return result.rowcount == 1
 
-    async def release(self, row_id: str, reason: str, *, usage: dict[str, Any] | None = None,
-                      upstream_cost_usd: Decimal | None = None) -> None:
-        """The call did not deliver: nothing is charged, the payment may be used again. What the
-        failed call still spent upstream, if anything, is kept for the operator."""
-        await self._transition(
-            row_id, PaymentState.CLAIMED, state=PaymentState.RELEASED, error=reason[:2000],
-            usage=usage, upstream_cost_usd=_usd_column(upstream_cost_usd),
-        )
+    # -- the settlement ------------------------------------------------------------------------
 
-    async def mark_settled(self, row_id: str, tx_hash: str, *, latency_ms: int | None = None,
-                           usage: dict[str, Any] | None = None,
-                           upstream_cost_usd: Decimal | None = None) -> None:
-        """Settled, with the call's usage in the same write (one round trip on the hot path)."""
-        extra: dict[str, Any] = {}
-        if latency_ms is not None:
-            extra = {"latency_ms": latency_ms, "usage": usage,
-                     "upstream_cost_usd": _usd_column(upstream_cost_usd)}
-        await self._transition(
-            row_id, PaymentState.CLAIMED, state=PaymentState.SETTLED, tx_hash=tx_hash, **extra
-        )
+    async def begin_settlement(self, row_id: str, *, owner: str, chain_ref: dict[str, Any],
+                               lease_seconds: float, result: StoredResult | None = None,
+                               keep_result_seconds: float = 0) -> bool:
+        """The intent, written before anything is broadcast: claimed -> settling, with what
+        identifies the on-chain action and the result a retry would get. False: the claim is no
+        longer this owner's (its lease ran out and the row was taken): nothing may be settled."""
+        t = payments_table
+        now = _now()
+        async with self._engine.begin() as conn:
+            moved = await conn.execute(
+                update(t)
+                .where(and_(t.c.id == row_id, t.c.state == PaymentState.CLAIMED, t.c.owner == owner))
+                .values(state=PaymentState.SETTLING, chain_ref=chain_ref, updated_at=now,
+                        lease_until=now + timedelta(seconds=lease_seconds)))
+            if moved.rowcount != 1:
+                return False
+            if result is not None:
+                await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
+                await conn.execute(insert(results_table).values(
+                    payment_row=row_id, status=result.status, media_type=result.media_type,
+                    body=result.body, created_at=now,
+                    expires_at=now + timedelta(seconds=keep_result_seconds)))
+        log.info("payment %s claimed -> settling", row_id)
+        return True
 
-    async def mark_failed(self, row_id: str, reason: str, tx_hash: str | None = None) -> None:
-        await self._transition(
-            row_id,
-            PaymentState.CLAIMED,
-            state=PaymentState.FAILED,
-            error=reason[:2000],
-            tx_hash=tx_hash,
-        )
-
-    async def record_usage(
-        self,
-        row_id: str,
-        *,
-        latency_ms: int,
-        usage: dict[str, Any] | None = None,
-        upstream_cost_usd: Decimal | None = None,
-    ) -> None:
+    async def note_transaction(self, row_id: str, tx_hash: str) -> None:
+        """The broadcast transaction's id, as soon as it is known (before the outcome is)."""
         t = payments_table
         async with self._engine.begin() as conn:
             await conn.execute(
-                update(t)
-                .where(t.c.id == row_id)
-                .values(
-                    latency_ms=latency_ms,
-                    usage=usage,
-                    upstream_cost_usd=_usd_column(upstream_cost_usd),
-                    updated_at=_now(),
-                )
-            )
+                update(t).where(and_(t.c.id == row_id, t.c.state.in_(
+                    (PaymentState.SETTLING, PaymentState.PENDING))))
+                .values(tx_hash=tx_hash, updated_at=_now()))
+
+    async def mark_settled(self, row_id: str, tx_hash: str | None, *, latency_ms: int | None = None,
+                           usage: dict[str, Any] | None = None,
+                           upstream_cost_usd: Decimal | None = None,
+                           delivered: bool = True) -> bool:
+        """Settled (from settling or pending), with the call's usage in the same write (one round
+        trip on the hot path). `delivered`: the result was handed to the caller (a stream's is
+        recorded when it ends)."""
+        now = _now()
+        extra: dict[str, Any] = {}
+        if latency_ms is not None:
+            extra = {"latency_ms": latency_ms, "usage": usage, "upstream_cost_usd": upstream_cost_usd}
+        if delivered:
+            extra["delivered_at"] = now
+        if tx_hash:
+            extra["tx_hash"] = tx_hash
+        done = await self._transition(
+            row_id, (PaymentState.SETTLING, PaymentState.PENDING), state=PaymentState.SETTLED,
+            lease_until=None, error=None, **extra)
+        if done:
+            log.info("payment %s -> settled (%s)", row_id, tx_hash)
+        return done
+
+    async def mark_pending(self, row_id: str, reason: str, *, tx_hash: str | None,
+                           retry_in_seconds: float) -> bool:
+        """The outcome is not known: the reconciler may take the row in `retry_in_seconds`."""
+        extra = {"tx_hash": tx_hash} if tx_hash else {}
+        done = await self._transition(
+            row_id, (PaymentState.SETTLING,), state=PaymentState.PENDING, error=reason[:2000],
+            lease_until=_now() + timedelta(seconds=retry_in_seconds), **extra)
+        if done:
+            log.info("payment %s settling -> pending (%s; transaction %s)", row_id, reason,
+                     tx_hash or "unknown")
+        return done
+
+    async def release(self, row_id: str, reason: str, *, usage: dict[str, Any] | None = None,
+                      upstream_cost_usd: Decimal | None = None,
+                      states: Sequence[PaymentState] = (PaymentState.CLAIMED,),
+                      tx_hash: str | None = None) -> bool:
+        """Nothing moved: nothing is charged, the payment may be used again. What the failed
+        call still spent upstream, if anything, is kept for the operator. From `settling` only
+        when it is known that nothing was broadcast."""
+        extra: dict[str, Any] = {"tx_hash": tx_hash} if tx_hash else {}
+        if usage is not None or upstream_cost_usd is not None:
+            extra |= {"usage": usage, "upstream_cost_usd": upstream_cost_usd}
+        t = payments_table
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(t).where(and_(t.c.id == row_id, t.c.state.in_(tuple(states))))
+                .values(state=PaymentState.RELEASED, error=reason[:2000], lease_until=None,
+                        updated_at=_now(), **extra))
+            released = result.rowcount == 1
+            if released and PaymentState.SETTLING in states:  # a kept result goes with it
+                await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
+        if released:
+            log.info("payment %s %s -> released (%s)", row_id, "/".join(states), reason[:200])
+        return released
+
+    async def _transition(self, row_id: str, frm: tuple[PaymentState, ...], **values: Any) -> bool:
+        t = payments_table
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(t).where(and_(t.c.id == row_id, t.c.state.in_(frm)))
+                .values(updated_at=_now(), **values))
+            return result.rowcount == 1
+
+    # -- delivery ------------------------------------------------------------------------------
+
+    async def stored_result(self, row_id: str) -> StoredResult | None:
+        r = results_table
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(select(r).where(and_(
+                r.c.payment_row == row_id, r.c.expires_at > _now())))).mappings().first()
+        return StoredResult(row["status"], row["media_type"], bytes(row["body"])) if row else None
+
+    async def take_redelivery(self, row_id: str) -> bool:
+        """A settled row whose result never reached its payer and was not kept: the first retry
+        to ask gets to run the call again (free); False for everyone else."""
+        t = payments_table
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(t).where(and_(t.c.id == row_id, t.c.state == PaymentState.SETTLED,
+                                     t.c.delivered_at.is_(None)))
+                .values(delivered_at=_now(), updated_at=_now()))
+            return result.rowcount == 1
+
+    async def undo_redelivery(self, row_id: str) -> None:
+        """The free re-run failed too: the next retry may try again."""
+        t = payments_table
+        async with self._engine.begin() as conn:
+            await conn.execute(update(t).where(t.c.id == row_id)
+                               .values(delivered_at=None, updated_at=_now()))
+
+    async def record_usage(self, row_id: str, *, latency_ms: int,
+                           usage: dict[str, Any] | None = None,
+                           upstream_cost_usd: Decimal | None = None,
+                           delivered: bool = False) -> None:
+        t = payments_table
+        values: dict[str, Any] = {"latency_ms": latency_ms, "usage": usage,
+                                  "upstream_cost_usd": upstream_cost_usd, "updated_at": _now()}
+        if delivered:
+            values["delivered_at"] = _now()
+        async with self._engine.begin() as conn:
+            await conn.execute(update(t).where(t.c.id == row_id).values(**values))
+
+    async def prune_results(self) -> int:
+        """Drop kept results past their retention; returns how many."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(delete(results_table).where(
+                results_table.c.expires_at <= _now()))
+            return result.rowcount or 0
+
+    # -- leases and the reconciler -------------------------------------------------------------
+
+    async def renew_leases(self, owner: str, row_ids: Iterable[str], lease_seconds: float) -> int:
+        """Extend this owner's leases on the unfinished rows it is working on."""
+        ids = list(row_ids)
+        if not ids:
+            return 0
+        t = payments_table
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(t).where(and_(t.c.id.in_(ids), t.c.owner == owner,
+                                     t.c.state.in_(UNFINISHED)))
+                .values(lease_until=_now() + timedelta(seconds=lease_seconds)))
+            return result.rowcount or 0
+
+    async def take(self, row_id: str, *, owner: str, lease_seconds: float,
+                   states: Sequence[PaymentState] = UNFINISHED) -> PaymentRow | None:
+        """Take an unfinished row whose lease ran out (compare-and-set: one taker wins)."""
+        t = payments_table
+        now = _now()
+        async with self._engine.begin() as conn:
+            row = (await conn.execute(
+                update(t).where(and_(t.c.id == row_id, t.c.state.in_(tuple(states)),
+                                     or_(t.c.lease_until.is_(None), t.c.lease_until < now)))
+                .values(owner=owner, lease_until=now + timedelta(seconds=lease_seconds))
+                .returning(*t.c))).mappings().first()
+        return PaymentRow.of(row) if row is not None else None
+
+    async def expired(self, limit: int = 100) -> list[PaymentRow]:
+        """Unfinished rows whose lease ran out, oldest first (the reconciler's work list)."""
+        t = payments_table
+        now = _now()
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(
+                select(t).where(and_(t.c.state.in_(UNFINISHED),
+                                     or_(t.c.lease_until.is_(None), t.c.lease_until < now)))
+                .order_by(t.c.created_at).limit(limit))).mappings().all()
+        return [PaymentRow.of(r) for r in rows]
+
+    async def resolve(self, row_id: str, *, owner: str, to: PaymentState, actor: str,
+                      detail: str, tx_hash: str | None = None) -> bool:
+        """The reconciler's verdict on a row it holds, and an event saying what it did."""
+        t = payments_table
+        now = _now()
+        values: dict[str, Any] = {"state": to, "updated_at": now, "lease_until": None}
+        if tx_hash:
+            values["tx_hash"] = tx_hash
+        if to == PaymentState.RELEASED:
+            values["error"] = detail[:2000]
+        async with self._engine.begin() as conn:
+            before = (await conn.execute(select(t.c.state).where(and_(
+                t.c.id == row_id, t.c.owner == owner, t.c.state.in_(UNFINISHED))))).scalar()
+            if before is None:
+                return False
+            moved = await conn.execute(update(t).where(and_(
+                t.c.id == row_id, t.c.owner == owner, t.c.state == before)).values(**values))
+            if moved.rowcount != 1:
+                return False
+            await conn.execute(insert(events_table).values(
+                payment_row=row_id, at=now, actor=actor, from_state=before, to_state=to,
+                detail=detail[:2000]))
+            if to == PaymentState.RELEASED:
+                await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
+        return True
+
+    async def note_event(self, row_id: str, *, actor: str, state: PaymentState, detail: str) -> None:
+        """What the reconciler found without changing the state (still open)."""
+        async with self._engine.begin() as conn:
+            await conn.execute(insert(events_table).values(
+                payment_row=row_id, at=_now(), actor=actor, from_state=state, to_state=state,
+                detail=detail[:2000]))
+
+    async def events(self, row_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        e = events_table
+        stmt = select(e).order_by(e.c.id.desc()).limit(limit)
+        if row_id is not None:
+            stmt = stmt.where(e.c.payment_row == row_id)
+        async with self._engine.connect() as conn:
+            return [dict(r) for r in (await conn.execute(stmt)).mappings().all()]
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def counts(self) -> dict[str, tuple[int, int]]:
+        """Per state: how many payments, and their amount in atomic units."""
+        t = payments_table
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(
+                select(t.c.state, func.count(), func.coalesce(func.sum(t.c.amount_atomic), 0))
+                .group_by(t.c.state))).all()
+        return {state: (int(n), int(total)) for state, n, total in rows}
+
+    async def unfinished(self, limit: int = 100) -> list[PaymentRow]:
+        """Claimed, settling and pending payments, oldest first."""
+        t = payments_table
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(select(t).where(t.c.state.in_(UNFINISHED))
+                                       .order_by(t.c.created_at).limit(limit))).mappings().all()
+        return [PaymentRow.of(r) for r in rows]
+
+    async def recent(self, *, state: str | None = None, limit: int = 50) -> list[PaymentRow]:
+        """The latest payments, newest first, optionally in one state."""
+        t = payments_table
+        stmt = select(t).order_by(t.c.created_at.desc()).limit(limit)
+        if state is not None:
+            stmt = stmt.where(t.c.state == state)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(stmt)).mappings().all()
+        return [PaymentRow.of(r) for r in rows]
 
     async def get(self, row_id: str) -> dict[str, Any] | None:
         async with self._engine.connect() as conn:

@@ -2,10 +2,17 @@
 
 Works against any x402 server (v2 `PAYMENT-REQUIRED` header or v1 JSON body). It never pays more
 than the caller's limit without an explicit yes. It never logs or prints the signed payment.
+
+It never pays twice for one call: when the server offers the `payment-identifier` extension the
+payment names the call with a fresh id, and when the answer says the payment is still being
+settled (503 `settlement_pending`, 409 `payment_in_progress`, or the connection dropped after the
+payment was sent) it sends the identical request with the same payment again, after the server's
+`Retry-After`, until `timeout` runs out; it never signs a second payment for the call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -15,6 +22,7 @@ from typing import Any
 
 import httpx
 from x402 import x402Client
+from x402.extensions.payment_identifier import append_payment_identifier_to_extensions
 from x402.mechanisms.evm.exact import register_exact_evm_client
 from x402.mechanisms.evm.signers import EthAccountSigner
 from x402.mechanisms.svm.exact import register_exact_svm_client
@@ -155,13 +163,60 @@ async def pay(
                 client, KeypairSigner.from_base58(keys.solana_key), rpc_url=solana_rpc_url
             )
         only_chosen = required.model_copy(update={"accepts": [chosen]})
-        payload = await client.create_payment_payload(only_chosen)
+        extensions = None
+        if isinstance(required, PaymentRequired) and required.extensions:
+            extensions = append_payment_identifier_to_extensions(dict(required.extensions))
+        if extensions is not None:
+            payload = await client.create_payment_payload(only_chosen, extensions=extensions)
+        else:
+            payload = await client.create_payment_payload(only_chosen)
         header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
         encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
-        second = await http.request(
-            method, url, content=data, headers={**base_headers, header: encoded}
-        )
+        second = await _until_settled(http, method, url, data,
+                                      {**base_headers, header: encoded}, timeout)
         return _result(second, price, str(chosen.network))
+
+
+# Answers that mean "this payment's call is not finished yet: send the same payment again".
+_NOT_YET = {(503, "settlement_pending"), (409, "payment_in_progress")}
+_MAX_WAIT_SECONDS = 30.0
+
+
+async def _until_settled(http: httpx.AsyncClient, method: str, url: str, data: bytes | None,
+                         headers: dict[str, str], timeout: float) -> httpx.Response:
+    """Send the paid request; while the server says the payment is still settling (or the
+    connection broke after the payment left), send the identical request again."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            response = await http.request(method, url, content=data, headers=headers)
+        except httpx.TransportError:
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(1.0)  # a client's backoff, before the same payment goes again
+            continue
+        if (response.status_code, _error_code(response)) not in _NOT_YET:
+            return response
+        wait = min(_retry_after(response), _MAX_WAIT_SECONDS)
+        if loop.time() + wait >= deadline:
+            return response
+        await asyncio.sleep(wait)
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        error = response.json().get("error")
+    except ValueError:
+        return None
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return max(0.5, float(response.headers.get("Retry-After", "1")))
+    except ValueError:
+        return 1.0
 
 
 def _choose(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,

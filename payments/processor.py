@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import hashlib
 import logging
 import random
@@ -18,14 +19,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from solders.transaction import VersionedTransaction
 from x402 import (
     FacilitatorCapabilityError,
     SchemeNotFoundError,
     x402FacilitatorSync,
     x402ResourceServer,
 )
+from x402.extensions.payment_identifier import (
+    PAYMENT_IDENTIFIER,
+    declare_payment_identifier_extension,
+    extract_payment_identifier,
+    is_valid_payment_id,
+)
 from x402.mechanisms.evm.exact import ExactEvmServerScheme
 from x402.mechanisms.svm.exact import ExactSvmServerScheme
+from x402.mechanisms.svm.utils import extract_transaction_info
 from x402.schemas import (
     AssetAmount,
     PaymentPayload,
@@ -62,36 +71,51 @@ class ThreadedFacilitator:
     """The SDK's sync facilitator behind the async client interface.
 
     Its EVM and SVM schemes make blocking chain calls; running them on worker threads keeps the
-    event loop serving other requests while a settlement is being mined.
+    event loop serving other requests while a settlement is being mined. Each call runs in a copy
+    of the caller's context, so the signers see the settlement's `BroadcastTrace`.
     """
 
-    def __init__(self, facilitator: x402FacilitatorSync, workers: int = 8) -> None:
+    def __init__(self, facilitator: x402FacilitatorSync, workers: int = 8, *,
+                 evm_signer: Any | None = None, svm_signer: Any | None = None) -> None:
         self._facilitator = facilitator
+        self._evm_signer, self._svm_signer = evm_signer, svm_signer
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="facilitator")
+
+    async def _in_thread(self, fn: Any, *args: Any) -> Any:
+        context = contextvars.copy_context()
+        return await asyncio.get_running_loop().run_in_executor(self._pool, context.run, fn, *args)
 
     async def verify(
         self, payload: PaymentPayload | PaymentPayloadV1, requirements: Any
     ) -> VerifyResponse:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, self._facilitator.verify, payload, requirements
-        )
+        return await self._in_thread(self._facilitator.verify, payload, requirements)
 
     async def settle(
         self, payload: PaymentPayload | PaymentPayloadV1, requirements: Any
     ) -> SettleResponse:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, self._facilitator.settle, payload, requirements
-        )
+        return await self._in_thread(self._facilitator.settle, payload, requirements)
 
     def get_supported(self) -> SupportedResponse:
         return self._facilitator.get_supported()
 
+    def transaction_id(self, tx: VersionedTransaction) -> str | None:
+        """The id a Solana transaction will have once this facilitator signs it as fee payer
+        (ed25519 signatures are deterministic), or None without that key."""
+        sign = getattr(self._svm_signer, "fee_payer_signature", None)
+        return sign(tx) if sign is not None else None
+
+    def share_sends(self, lock_for: Any) -> None:
+        """Make the EVM signer take turns with other replicas sending from the same key:
+        `lock_for(name)` gives the lock for a key (payments/send_lock.py)."""
+        use = getattr(self._evm_signer, "use_send_lock", None)
+        if use is not None:
+            use(lock_for(f"{self._evm_signer.get_chain_id()}:{self._evm_signer.address.lower()}"))
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-
+    async def aclose(self) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -121,6 +145,10 @@ class PaymentProcessor:
         if not pay_to:
             raise ValueError("at least one network with a payTo address is required")
         self._server = x402ResourceServer(facilitator)
+        self.facilitator = facilitator
+        self.transaction_id = getattr(facilitator, "transaction_id", None)
+        # An in-process facilitator's sends are seen by our signers (payments/broadcast_trace.py).
+        self.traces_broadcasts = isinstance(facilitator, ThreadedFacilitator)
         for entry in pay_to:
             scheme = ExactEvmServerScheme() if entry.network.family == "evm" else (
                 ExactSvmServerScheme()
@@ -129,6 +157,12 @@ class PaymentProcessor:
         self._pay_to = list(pay_to)
         self._max_timeout = max_timeout_seconds
         self._templates: list[PaymentRequirements] = []
+
+    async def aclose(self) -> None:
+        """Close what the facilitator holds (a remote one's HTTP connections, worker threads)."""
+        closing = getattr(self.facilitator, "aclose", None)
+        if closing is not None:
+            await closing()
 
     @property
     def networks(self) -> list[NetworkInfo]:
@@ -220,7 +254,8 @@ class PaymentProcessor:
         resource: ResourceInfo,
         error: str | None = None,
     ) -> PaymentRequired:
-        return PaymentRequired(x402_version=2, error=error, resource=resource, accepts=requirements)
+        return PaymentRequired(x402_version=2, error=error, resource=resource, accepts=requirements,
+                               extensions=dict(_EXTENSIONS))
 
     def payment_required_v1(
         self,
@@ -275,19 +310,66 @@ class PaymentProcessor:
         return await self._server.settle_payment(matched.payload, matched.for_facilitator)
 
 
-def payment_key(matched: Matched, payer: str) -> PaymentKey:
-    """What makes this payment unique on its chain: the EIP-3009 nonce, or the Solana message.
+# Offered in every 402: a payer may name its call with an idempotency key (x402's
+# payment-identifier extension); the same id with the same request gets the same answer.
+_EXTENSIONS = {PAYMENT_IDENTIFIER: declare_payment_identifier_extension(required=False)}
 
-    For Solana the key is the hash of the transaction's message (what the payer signed), not of
-    the encoded transaction, whose fee-payer signature slot a replayer could fill differently.
-    """
+
+@dataclass(frozen=True)
+class PaymentIdentity:
+    """What makes a payment unique on its chain (the ledger's key) and what identifies its
+    on-chain action for the reconciler (`chain_ref`, written with the settlement intent)."""
+
+    key: PaymentKey
+    chain_ref: dict[str, Any]
+
+
+class PaymentIdentifierError(ValueError):
+    """The payment-identifier extension's id is malformed."""
+
+
+def payment_identifier(payload: PaymentPayload | PaymentPayloadV1) -> str | None:
+    """The payer's idempotency key (x402 `payment-identifier` extension), if it sent one."""
+    if not isinstance(payload, PaymentPayload) or not payload.extensions:
+        return None
+    if PAYMENT_IDENTIFIER not in payload.extensions:
+        return None
+    found = extract_payment_identifier(payload, validate=False)
+    if found is None:
+        return None
+    if not isinstance(found, str) or not is_valid_payment_id(found):
+        raise PaymentIdentifierError(
+            "extensions.payment-identifier.info.id must be 16 to 128 characters of letters, "
+            "digits, '-' and '_'")
+    return found
+
+
+def identify(matched: Matched, transaction_id: Any = None) -> PaymentIdentity:
+    """The payment's ledger key and chain reference, read from the payload alone (no network).
+
+    EVM: the EIP-3009 authorization (the nonce is the key). Solana: the key is the hash of the
+    transaction's message (what the payer signed), not of the encoded transaction, whose fee-payer
+    signature slot a replayer could fill differently; `transaction_id(tx)`, when the facilitator
+    is in process, gives the transaction's id before it is signed and sent."""
     network = matched.requirement.network
     inner = matched.payload.payload
     if lookup_network(network).family == "evm":
-        nonce = str(inner.get("authorization", {}).get("nonce", "")).lower()
-        return PaymentKey(network=network, payer=payer, nonce=nonce)
-    from solders.transaction import VersionedTransaction
-
+        auth = inner.get("authorization", {})
+        nonce = str(auth.get("nonce", "")).lower()
+        payer = str(auth.get("from", "")).lower()
+        ref = {"kind": "eip3009", "token": matched.requirement.asset, "from": payer,
+               "to": str(auth.get("to", "")), "value": str(auth.get("value", "")),
+               "valid_after": str(auth.get("validAfter", "")),
+               "valid_before": str(auth.get("validBefore", "")), "nonce": nonce}
+        return PaymentIdentity(PaymentKey(network=network, payer=payer, nonce=nonce), ref)
     tx = VersionedTransaction.from_bytes(base64.b64decode(str(inner.get("transaction", ""))))
-    digest = hashlib.sha256(bytes(tx.message)).hexdigest()
-    return PaymentKey(network=network, payer=payer, nonce=digest)
+    message_hash = hashlib.sha256(bytes(tx.message)).hexdigest()
+    info = extract_transaction_info(tx)
+    payer = info.payer if info is not None else ""
+    signature = transaction_id(tx) if transaction_id is not None else None
+    ref = {"kind": "svm", "message_hash": message_hash, "signature": signature,
+           "blockhash": str(tx.message.recent_blockhash),
+           "fee_payer": str(tx.message.account_keys[0]),
+           "source_ata": info.source_ata if info else None,
+           "destination_ata": info.destination_ata if info else None}
+    return PaymentIdentity(PaymentKey(network=network, payer=payer, nonce=message_hash), ref)

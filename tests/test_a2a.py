@@ -197,25 +197,48 @@ def test_same_skill_over_a2a_and_rest_costs_the_same_and_returns_the_same_data(
     assert coerce_numbers(data) == rest.json()
 
 
-def test_a_payment_used_over_rest_is_refused_over_a2a_and_the_reverse(server: LiveServer) -> None:
+def test_a_payment_used_over_rest_is_answered_over_a2a_without_a_second_charge(
+    server: LiveServer,
+) -> None:
+    """One paid call, whichever face asks: the same payment for the same call over the other face
+    gets the kept result (not a second charge, not a refusal); for another call it is refused."""
     keys = server.devnet.keys
     payer = client_for(server.url, evm_key=keys.evm_payer)
     rest_url = f"{server.url}/v1/marketplace/api/token-count-508"
-    rpc = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
-        "role": "user", "messageId": str(uuid.uuid4()),
-        "parts": [{"kind": "data", "data": {"skill": "token-count-508", "input": INPUT}}]}}}
+
+    def rpc(data: dict) -> dict:
+        return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+            "role": "user", "messageId": str(uuid.uuid4()),
+            "parts": [{"kind": "data", "data": {"skill": "token-count-508", "input": data}}]}}}
+
+    def a2a_result(answer: httpx.Response) -> dict:
+        [artifact] = answer.json()["result"]["artifacts"]
+        [text] = [p["text"] for p in artifact["parts"] if p.get("mediaType") == "application/json"
+                  or p.get("metadata", {}).get("mediaType") == "application/json"
+                  if "text" in p][:1] or [None]
+        return json.loads(text) if text else artifact["parts"][0]["data"]
+
     # REST first, then the same payment over A2A
     _, required = quote(rest_url, INPUT)
     payment = header(sign(payer, required, EVM_NET))
-    assert post_paid(rest_url, INPUT, payment).status_code == 200
+    first = post_paid(rest_url, INPUT, payment)
+    assert first.status_code == 200
     before = _balance(server, EVM_NET)
-    again = httpx.post(f"{server.url}/a2a", json=rpc, headers={"PAYMENT-SIGNATURE": payment})
-    assert again.status_code == 402 and again.json()["reason"]
+    again = httpx.post(f"{server.url}/a2a", json=rpc(INPUT), headers={"PAYMENT-SIGNATURE": payment})
+    assert again.status_code == 200, again.text
+    assert again.json()["result"]["status"]["state"] in ("completed", "TASK_STATE_COMPLETED")
+    assert a2a_result(again) == first.json()
+    assert _balance(server, EVM_NET) == before  # no second charge
+    # the same payment for another input is refused
+    other = httpx.post(f"{server.url}/a2a", json=rpc({**INPUT, "text": "other"}),
+                       headers={"PAYMENT-SIGNATURE": payment})
+    assert other.status_code == 402 and other.json()["reason"]
     # A2A first, then the same payment over REST
     payment2 = header(sign(payer, required, EVM_NET))
-    assert httpx.post(f"{server.url}/a2a", json=rpc,
+    assert httpx.post(f"{server.url}/a2a", json=rpc(INPUT),
                       headers={"PAYMENT-SIGNATURE": payment2}).status_code == 200
-    assert post_paid(rest_url, INPUT, payment2).status_code == 402
+    replay = post_paid(rest_url, INPUT, payment2)
+    assert replay.status_code == 200 and replay.json() == first.json()
     assert _balance(server, EVM_NET) - before == PRICE
 
 

@@ -1,12 +1,13 @@
 """A2A tasks: owned by their creator (its task token here) and readable by the wallet that paid
 (with a SIWX proof), persisted in the database across restarts, and a task waiting for payment
-expires. tests/test_a2a_privacy.py covers who may not read, list, cancel or pay."""
+expires. tests/test_a2a_privacy.py covers who may not read, list, cancel or pay. Every test runs
+on SQLite and on PostgreSQL (`live_database`: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,20 @@ from agent.a2a_messages import X402_EXTENSION
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from tests.support.identity import siwx_header
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveDatabase, LiveServer
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
 
 INPUT = {"text": "Whose task is this?", "model": "gpt-4o"}
 EXT = {"A2A-Extensions": X402_EXTENSION}
+
+
+@pytest.fixture(scope="module")
+def server(live_database: LiveDatabase, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[LiveServer]:
+    """This module's gateway, one per database (in place of the session's SQLite `server`)."""
+    live = live_database.start(tmp_path_factory.mktemp("a2a-tasks"))
+    yield live
+    live.stop()
 
 
 def _send(server: LiveServer, headers: dict[str, str] | None = None, **message: Any) -> httpx.Response:
@@ -123,9 +133,12 @@ def test_a_bad_wallet_proof_is_refused_with_401(server: LiveServer, case: str) -
     assert "SIGN-IN-WITH-X" in r.json()["error"]["message"]
 
 
-def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -> None:
-    data = tmp_path / "pw"
-    first = start_server(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"})
+def test_tasks_survive_a_restart_and_a_late_payment_is_refused(
+    tmp_path: Path, live_database: LiveDatabase,
+) -> None:
+    data, database = tmp_path / "pw", live_database.url()
+    first = live_database.start(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"},
+                                database_url=database)
     try:
         pending = _send(first, EXT).json()["result"]
         required = PaymentRequired.model_validate(
@@ -133,16 +146,11 @@ def test_tasks_survive_a_restart_and_a_late_payment_is_refused(tmp_path: Path) -
     finally:
         first.stop()
     # The quote is now 20 minutes old (set in the database, rather than waited for).
-    db = first.runtime.settings.db_url.split("///", 1)[1]
-    con = sqlite3.connect(db)
-    status = json.loads(con.execute("SELECT status FROM tasks WHERE id = ?",
-                                    (pending["id"],)).fetchone()[0])
-    status["timestamp"] = "2000-01-01T00:00:00Z"
-    con.execute("UPDATE tasks SET status = ? WHERE id = ?", (json.dumps(status), pending["id"]))
-    con.commit()
-    con.close()
+    [stored] = first.task_rows(id=pending["id"])
+    first.update_task(pending["id"], status={**stored["status"], "timestamp": "2000-01-01T00:00:00Z"})
 
-    second = start_server(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"})
+    second = live_database.start(data, env={"PAYWIRE_A2A_PAYMENT_TIMEOUT_SECONDS": "600"},
+                                 database_url=database)
     try:
         again = _get(second, pending["id"], _creator(pending)).json()["result"]
         assert again["id"] == pending["id"] and again["status"]["state"] == "input-required"

@@ -76,13 +76,15 @@ raw_bodies = st.one_of(
 
 class Charges:
     """What the merchant holds and how many ledger rows settled: they move only by the receipts
-    of answers that delivered a result."""
+    of answers that delivered a result, once per transaction (a payment sent again gets the kept
+    answer with the same receipt, and is not charged again)."""
 
     def __init__(self, env: Env) -> None:
         self.env = env
         self.before = self._now()
         self.delivered = {"evm": 0, "solana": 0}
         self.count = 0
+        self.transactions: set[str] = set()
 
     def _now(self) -> tuple[dict[str, int], int]:
         runtime = self.env.gateway
@@ -93,6 +95,9 @@ class Charges:
     def seen(self, response: httpx.Response) -> None:
         if response.status_code == 200 and "PAYMENT-RESPONSE" in response.headers:
             paid = receipt(response)
+            if paid["transaction"] in self.transactions:
+                return
+            self.transactions.add(paid["transaction"])
             self.delivered["evm" if paid["network"].startswith("eip155:") else "solana"] += int(
                 paid["amount"])
             self.count += 1

@@ -118,9 +118,10 @@ def test_in_process_facilitator_settles_through_an_anvil_node(tmp_path_factory) 
             assert node.web3().eth.get_transaction_receipt(tx)["status"] == 1
             assert chain.balance_of(merchant.address) == 5750
             assert chain.balance_of(payer.address) == 100_000 - 5750
-            # the same payment again: refused, nothing moves
+            # the same payment again: the kept answer, nothing moves
             again = post_paid(url, BODY, paid.request.headers["PAYMENT-SIGNATURE"])
-            assert again.status_code == 402
+            assert again.status_code == 200 and again.json() == paid.json()
+            assert receipt(again)["transaction"] == tx
             assert chain.balance_of(merchant.address) == 5750
         finally:
             gateway.stop()
@@ -145,8 +146,13 @@ def test_gateway_settles_on_circles_real_fiattoken(tmp_path_factory) -> None:  #
         assert paid.status_code == 200, paid.text
         assert devnet.merchant_balances().evm - before == 5750
         assert evm.balance_of(keys.evm_payer_address) == 100_000_000 - 5750
-        # Circle's own contract refuses the replay: the nonce is used on chain
+        # The replay is answered from the ledger (the nonce is used on chain, so Circle's contract
+        # fails its verification: that must not read as "nothing was charged").
         again = post_paid(url, BODY, paid.request.headers["PAYMENT-SIGNATURE"])
-        assert again.status_code == 402
+        assert again.status_code == 200 and again.json() == paid.json()
+        assert devnet.merchant_balances().evm - before == 5750
+        # for another request it is refused
+        other = post_paid(url, {**BODY, "text": "another"}, paid.request.headers["PAYMENT-SIGNATURE"])
+        assert other.status_code == 402 and other.json()["reason"]
     finally:
         gateway.stop()

@@ -103,12 +103,13 @@ def test_limits_are_settings_with_todays_defaults() -> None:
     import inspect
 
     from compat.openai_media import MAX_UPLOAD_BYTES
-    from payments.facilitators import DEFAULT_TIMEOUT
+    from payments.facilitators import SETTLE_TIMEOUT, VERIFY_TIMEOUT
     from skills.models.upstream import UpstreamClient
 
     s = Settings.from_env({})
     assert s.max_upload_bytes == MAX_UPLOAD_BYTES
-    assert s.facilitator_timeout_seconds == DEFAULT_TIMEOUT  # the x402 SDK's
+    assert (s.facilitator_verify_timeout_seconds, s.facilitator_settle_timeout_seconds) == (
+        VERIFY_TIMEOUT, SETTLE_TIMEOUT)
     defaults = {name: p.default for name, p in inspect.signature(UpstreamClient).parameters.items()}
     assert defaults == {
         "connect_timeout": s.upstream_connect_timeout_seconds,

@@ -22,6 +22,13 @@ Shape of the chain:
   windows would be checked against a stale clock.
 - `eth_call`/`eth_estimateGas` without fee fields run with a zero base fee, as geth does, so
   read-only calls from unfunded accounts (payers, the zero address) work.
+- Mining control for fault-injection tests, with anvil's names: `evm_setAutomine [false]` stops
+  mining (eth-tester's own auto-mine switch); a sent transaction then waits in the pending block
+  (its hash is returned, `eth_getTransactionReceipt` answers null, the "pending" nonce counts it,
+  no empty blocks are mined meanwhile) until `evm_mine` mines everything waiting in one block;
+  `evm_setAutomine [true]` mines what waits and goes back to a block per transaction.
+  eth-tester's own pool is not used: it checks each transaction against the mined state, so a
+  sender's second waiting transaction (the facilitator's next settlement) was refused.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from eth_tester import EthereumTester, PyEVMBackend
 from eth_tester.exceptions import TransactionFailed
 from eth_utils import to_canonical_address, to_checksum_address
 from web3 import Web3
+from web3.exceptions import TransactionNotFound
 from web3.middleware import ExtraDataToPOAMiddleware
 from web3.providers import BaseProvider
 from web3.providers.eth_tester.defaults import API_ENDPOINTS, static_return
@@ -63,6 +71,8 @@ _MAX_QUEUED_PER_SENDER = 64
 # (snapshots, time travel) would let any HTTP caller rewrite settled history.
 _SERVED_NAMESPACES = frozenset({"eth", "net", "web3"})
 _UNSERVED_METHODS = frozenset({"eth_sendTransaction", "eth_sign", "eth_signTransaction"})
+# Mining control (anvil's names): it pauses and resumes the chain, never rewrites what was mined.
+_MINING_METHODS = frozenset({"evm_setAutomine", "evm_mine"})
 _ZERO_ADDRESS = "0x" + "00" * 20
 _ERROR_STRING_SELECTOR = bytes.fromhex("08c379a0")
 
@@ -70,6 +80,10 @@ _ERROR_STRING_SELECTOR = bytes.fromhex("08c379a0")
 def load_artifact() -> dict[str, Any]:
     """The committed DevUSDC build (abi, bytecode, deployedBytecode, minterSlot, ...)."""
     return json.loads(ARTIFACT_PATH.read_text())
+
+
+class _InvalidParams(ValueError):
+    """A call's parameters are not what the method takes (-32602)."""
 
 
 class _RevertError(Exception):
@@ -310,7 +324,8 @@ class EvmDevnet:
         """Answer one JSON-RPC call: `{"result": ...}` or `{"error": ...}`, in wire format."""
         namespace, _, _ = method.partition("_")
         handler = self._endpoints.get(method)
-        if namespace not in _SERVED_NAMESPACES or method in _UNSERVED_METHODS or handler is None:
+        served = namespace in _SERVED_NAMESPACES or method in _MINING_METHODS
+        if not served or method in _UNSERVED_METHODS or handler is None:
             return jsonrpc.error(
                 jsonrpc.METHOD_NOT_FOUND, f"the method {method} does not exist/is not available"
             )
@@ -324,6 +339,8 @@ class EvmDevnet:
             return jsonrpc.error(3, message, "0x" + data.hex())
         except NotImplementedError:
             return jsonrpc.error(jsonrpc.METHOD_NOT_FOUND, f"the method {method} is not implemented")
+        except _InvalidParams as exc:
+            return jsonrpc.error(jsonrpc.INVALID_PARAMS, str(exc))
         except Exception as exc:  # validation errors: bad nonce, no funds, malformed params
             return jsonrpc.error(-32000, str(exc) or type(exc).__name__)
 
@@ -392,7 +409,10 @@ class EvmDevnet:
     def _broadcast(self, account: LocalAccount, tx: dict[str, Any]) -> str:
         signed = account.sign_transaction(tx)
         tx_hash = self._w3.eth.send_raw_transaction(signed.raw_transaction)
-        receipt = self._w3.eth.get_transaction_receipt(tx_hash)
+        try:
+            receipt = self._w3.eth.get_transaction_receipt(tx_hash)
+        except TransactionNotFound:  # mining is paused: it waits for evm_mine like any other
+            return tx_hash.to_0x_hex()
         if receipt["status"] != 1:
             raise RuntimeError(f"devnet transaction {tx_hash.to_0x_hex()} reverted")
         return tx_hash.to_0x_hex()
@@ -404,6 +424,12 @@ class EvmDevnet:
         mined), and calls run against the last mined block: after an idle spell both are stale
         and EIP-3009 windows (validAfter = now - 600 in most clients) would fail.
         """
+        if not self._tester.auto_mine_transactions:
+            # Mining is paused: nothing is mined until evm_mine, not even an empty block; an
+            # empty pending block still follows the clock.
+            if not self._waiting():
+                self._stamp_pending_block()
+            return
         now = int(self._clock())
         chain = self._backend.chain
         head = chain.get_canonical_head()
@@ -444,19 +470,57 @@ class EvmDevnet:
                 raise ValueError("txpool is full for this sender")
             queue[tx.nonce] = raw
             return tx_hash
-        self._tester.send_raw_transaction(raw_hex)
+        self._admit(raw)
         queue = self._queued.get(sender, {})
         nonce = tx.nonce + 1
         while nonce in queue:
             self._stamp_pending_block()  # each is mined in a block of its own
             try:
-                self._tester.send_raw_transaction("0x" + queue.pop(nonce).hex())
+                self._admit(queue.pop(nonce))
             except Exception:
                 break  # invalid now (e.g. out of gas money): dropped, as a node would
             nonce += 1
         if not queue:
             self._queued.pop(sender, None)
         return tx_hash
+
+    def _admit(self, raw: bytes) -> None:
+        """Mine a transaction whose nonce is next (automine), or add it to the pending block."""
+        if self._tester.auto_mine_transactions:
+            self._tester.send_raw_transaction("0x" + raw.hex())
+        else:
+            # Straight into the pending block, where the "pending" nonce and the next
+            # transaction's checks see it (eth-tester's pool would snapshot and revert it).
+            self._backend.send_raw_transaction(raw)
+
+    def _waiting(self) -> set[bytes]:
+        """Hashes of the transactions in the pending block (waiting for evm_mine)."""
+        return {tx.hash for tx in self._backend.chain.get_block().transactions}
+
+    def _set_automine(self, params: list[Any]) -> None:
+        if len(params) != 1 or not isinstance(params[0], bool):
+            raise _InvalidParams("evm_setAutomine takes one boolean")
+        if params[0] and not self._tester.auto_mine_transactions:
+            self._tester.enable_auto_mine_transactions()  # mines what waits, in one block
+        elif not params[0]:
+            self._tester.disable_auto_mine_transactions()
+
+    def _mine(self, params: list[Any]) -> str:
+        if any(p is not None for p in params):
+            raise _InvalidParams("evm_mine takes no parameters here: blocks carry the clock's second")
+        self._tester.mine_blocks(1)
+        return "0x0"
+
+    def _receipt(self, params: list[Any], formatted: Callable[[list[Any]], Any]) -> Any:
+        """No receipt for a transaction that waits in the pending block, as a node answers."""
+        if params and isinstance(params[0], str):
+            try:
+                waiting = bytes.fromhex(params[0].removeprefix("0x")) in self._waiting()
+            except ValueError:
+                waiting = False
+            if waiting:
+                return None
+        return formatted(params)
 
     def _build_endpoints(self) -> dict[str, Callable[[list[Any]], Any]]:
         tester = self._tester
@@ -473,6 +537,10 @@ class EvmDevnet:
             for name, delegator in methods.items():
                 method = f"{namespace}_{name}"
                 endpoints[method] = _endpoint(method, overrides.get(method, delegator), tester)
+        receipt = endpoints["eth_getTransactionReceipt"]
+        endpoints["eth_getTransactionReceipt"] = lambda params: self._receipt(params, receipt)
+        endpoints["evm_setAutomine"] = self._set_automine
+        endpoints["evm_mine"] = self._mine
         return endpoints
 
 

@@ -20,8 +20,23 @@ for as long as its blockhash is valid, so a replay is refused with `AlreadyProce
 could still land and with `BlockhashNotFound` afterwards, the guarantee Solana's status cache
 gives.
 
+History. Every landed transaction is also kept for good (chain state is in memory anyway), as an
+RPC node with full history keeps it: `getSignatureStatuses` with `searchTransactionHistory`,
+`getTransaction` (base64/base58 encodings) and `getSignaturesForAddress` (newest first, by the
+transaction's account keys) answer from it after the status cache has forgotten the signature.
+LiteSVM's own airdrops have a status there but no transaction (`getTransaction` answers null)
+and are not listed by address.
+
 Fees. LiteSVM charges the signature fees only; the compute-unit price (priority fee) is charged
 here, rounded up as Solana does, so the facilitator pays what it would on devnet.
+
+Processing control, for fault-injection tests: `devnet_setAutoProcess [false]` makes
+`sendTransaction` check the transaction (sanitize, signatures; the preflight simulation unless
+skipped), queue it and return its signature, as a node does before the leader runs it;
+`getSignatureStatuses` answers null for it until `devnet_processQueued` runs the queue in order
+(what cannot land then is dropped, as a node drops it) and answers what each one did.
+`devnet_setAutoProcess [true]` processes the queue and goes back to running each at once. The
+devnet's own transactions (faucet mints, airdrops) and the in-process signer never queue.
 
 Threads. The chain is used from worker threads and the server thread at once: every access to
 LiteSVM and to the bookkeeping goes through one re-entrant lock.
@@ -61,6 +76,7 @@ from solders.transaction_metadata import SimulatedTransactionInfo, TransactionMe
 from x402.extensions.sign_in_with_x.solana import decode_base58, encode_base58
 from x402.mechanisms.svm.signer import FacilitatorSvmSigner
 
+from ..broadcast_trace import trace
 from . import jsonrpc
 from .jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 
@@ -77,6 +93,9 @@ SLOT_SECONDS = 0.4
 BLOCKHASH_LIFETIME_SLOTS = 2_250  # 15 minutes of 400 ms slots; Solana's own window is 150
 MAX_RPC_AIRDROP_LAMPORTS = 100 * LAMPORTS_PER_SOL
 MAX_SIGNATURE_STATUSES = 256  # Solana's limit per getSignatureStatuses call
+MAX_SIGNATURES_FOR_ADDRESS = 1_000  # Solana's limit (and default) per getSignaturesForAddress call
+LAMPORTS_PER_SIGNATURE = 5_000  # LiteSVM's base fee, as Solana's
+MAX_QUEUED_TRANSACTIONS = 1_024  # sendTransaction's queue while auto-processing is off
 U64_MAX = 2**64 - 1
 SOLANA_CORE_VERSION = "2.2.0"  # the Agave line LiteSVM in solders 0.27 is built from
 FEATURE_SET = 3294202862
@@ -84,6 +103,7 @@ FEATURE_SET = 3294202862
 # Solana's own JSON-RPC error codes (the standard ones are in jsonrpc).
 SEND_FAILURE = -32002  # "Transaction simulation failed: ..." with the simulation as data
 SIGNATURE_FAILURE = -32003  # "Transaction signature verification failure"
+UNSUPPORTED_TRANSACTION_VERSION = -32015
 
 _ERROR_TEXT = {
     "AlreadyProcessed": "This transaction has already been processed",
@@ -110,6 +130,20 @@ class _Status:
     slot: int
     err: Any  # Solana's JSON form of the TransactionError, None on success
     blockhash_slot: int  # the slot its blockhash belongs to; the status lives as long
+
+
+@dataclass(frozen=True)
+class _Landed:
+    """A landed transaction as a node with full history reports it (getTransaction)."""
+
+    slot: int
+    err: Any
+    tx: VersionedTransaction | None = None  # None for LiteSVM's own airdrops
+    fee: int = 0
+    pre_balances: tuple[int, ...] = ()
+    post_balances: tuple[int, ...] = ()
+    logs: tuple[str, ...] = ()
+    units_consumed: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,8 +196,12 @@ class SolanaDevnet:
         self._seed = os.urandom(32)  # each devnet has its own blockhashes
         self._blockhashes: dict[Hash, int] = {}  # issued blockhash -> its slot (oldest first)
         self._statuses: dict[str, _Status] = {}  # signature -> status (oldest blockhash first)
+        self._history: dict[str, _Landed] = {}  # signature -> every landed transaction, kept
+        self._by_address: dict[str, list[str]] = {}  # account key -> its signatures, oldest first
         self._tx_count = 0
         self._memo_counter = 0
+        self._auto_process = True
+        self._queue: dict[str, VersionedTransaction] = {}  # signature -> tx, in arrival order
         self._signer: DevnetFacilitatorSigner | None = None
         # Blockhash age is checked here (LiteSVM only knows one blockhash); signatures are
         # checked both here (for RPC error precedence) and by LiteSVM.
@@ -347,11 +385,83 @@ class SolanaDevnet:
         signatures = _param(params, 0, list)
         if len(signatures) > MAX_SIGNATURE_STATUSES:
             raise RpcError(INVALID_PARAMS, f"Too many inputs provided; max {MAX_SIGNATURE_STATUSES}")
+        # Without it Solana answers from its status cache only (recent blockhashes); with it,
+        # from the ledger too.
+        search_history = bool(_config(params, 1).get("searchTransactionHistory", False))
         value = []
         for raw in signatures:
-            status = self._statuses.get(str(Signature.from_string(raw)))
+            signature = str(Signature.from_string(raw))
+            status = self._statuses.get(signature)
+            landed = self._history.get(signature) if search_history else None
+            if status is None and landed is not None:
+                status = _Status(landed.slot, landed.err, landed.slot)
             value.append(None if status is None else _status_json(status))
         return self._with_context(value)
+
+    def _rpc_get_transaction(self, params: list) -> Any:
+        signature = str(Signature.from_string(_param(params, 0, str)))
+        config = _config(params, 1)
+        encoding = config.get("encoding") or "json"
+        if encoding not in ("base64", "base58"):
+            raise RpcError(INVALID_PARAMS, f"Invalid params: this devnet answers getTransaction in "
+                           f"base64 or base58, not {encoding}")
+        landed = self._history.get(signature)
+        if landed is None or landed.tx is None:
+            return None
+        version: Any = 0 if isinstance(landed.tx.message, MessageV0) else "legacy"
+        supported = config.get("maxSupportedTransactionVersion")
+        if version == 0 and (not isinstance(supported, int) or supported < 0):
+            raise RpcError(
+                UNSUPPORTED_TRANSACTION_VERSION,
+                "Transaction version (0) is not supported by the requesting client. Please try the "
+                "request again with the following configuration parameter: "
+                '"maxSupportedTransactionVersion": 0',
+            )
+        raw = bytes(landed.tx)
+        data = base64.b64encode(raw).decode() if encoding == "base64" else encode_base58(raw)
+        return {
+            "slot": landed.slot,
+            "blockTime": self._block_time(landed.slot),
+            "version": version,
+            "transaction": [data, encoding],
+            # Inner instructions, token balances and rewards are not kept here.
+            "meta": {
+                "err": landed.err,
+                "status": {"Ok": None} if landed.err is None else {"Err": landed.err},
+                "fee": landed.fee,
+                "preBalances": list(landed.pre_balances),
+                "postBalances": list(landed.post_balances),
+                "logMessages": list(landed.logs),
+                "computeUnitsConsumed": landed.units_consumed,
+            },
+        }
+
+    def _rpc_get_signatures_for_address(self, params: list) -> Any:
+        address = str(_pubkey(_param(params, 0, str)))
+        config = _config(params, 1)
+        limit = config.get("limit", MAX_SIGNATURES_FOR_ADDRESS)
+        if type(limit) is not int or not 0 < limit <= MAX_SIGNATURES_FOR_ADDRESS:
+            raise RpcError(INVALID_PARAMS, f"Invalid limit; max {MAX_SIGNATURES_FOR_ADDRESS}")
+        signatures = self._by_address.get(address, [])
+        end, start = len(signatures), 0
+        if config.get("before") is not None:  # newest first: older than `before`, exclusive
+            before = str(Signature.from_string(config["before"]))
+            end = signatures.index(before) if before in signatures else 0
+        if config.get("until") is not None:  # ... and newer than `until`, exclusive
+            until = str(Signature.from_string(config["until"]))
+            start = signatures.index(until) + 1 if until in signatures else 0
+        value = []
+        for signature in reversed(signatures[start:end][-limit:]):
+            landed = self._history[signature]
+            value.append({
+                "signature": signature,
+                "slot": landed.slot,
+                "err": landed.err,
+                "memo": _memo(landed.tx),
+                "blockTime": self._block_time(landed.slot),
+                "confirmationStatus": "finalized",
+            })
+        return value
 
     def _rpc_simulate_transaction(self, params: list) -> Any:
         config = _config(params, 1)
@@ -380,6 +490,8 @@ class SolanaDevnet:
         if not config.get("skipPreflight", False):
             preflight = self._execute(tx, simulate=True, sig_verify=True, check_age=True)
             self._raise_send_failure(preflight, "Transaction simulation failed")
+        if not self._auto_process:
+            return self._enqueue(tx)
         outcome = self._execute(tx, simulate=False, sig_verify=True, check_age=True)
         if not outcome.landed:
             # A node would drop it silently and the sender would wait for a confirmation that
@@ -388,6 +500,39 @@ class SolanaDevnet:
         # Landed, possibly with an error (the fee is charged): that is what getSignatureStatuses
         # reports, as on a real cluster.
         return outcome.signature
+
+    def _enqueue(self, tx: VersionedTransaction) -> str:
+        """Hold a transaction for devnet_processQueued; what a node refuses on arrival is refused."""
+        signature = str(tx.signatures[0]) if tx.signatures else str(Signature.default())
+        if signature in self._queue:
+            return signature  # a resend, as clients retry: queued once
+        checked = self._execute(tx, simulate=True, sig_verify=True, check_age=False)
+        if checked.err in ("SanitizeFailure", "SignatureFailure", "AlreadyProcessed"):
+            self._raise_send_failure(checked, "Transaction failed")
+        if len(self._queue) >= MAX_QUEUED_TRANSACTIONS:
+            raise RpcError(SEND_FAILURE, f"the queue holds {MAX_QUEUED_TRANSACTIONS} transactions; "
+                           "run devnet_processQueued")
+        self._queue[signature] = tx
+        return signature
+
+    def _process_queue(self) -> list[dict[str, Any]]:
+        """Run the queued transactions in arrival order; what each did."""
+        queued, self._queue = self._queue, {}
+        done = []
+        for signature, tx in queued.items():
+            outcome = self._execute(tx, simulate=False, sig_verify=True, check_age=True)
+            done.append({"signature": signature, "landed": outcome.landed, "err": outcome.err})
+        return done
+
+    def _rpc_set_auto_process(self, params: list) -> Any:
+        on = _param(params, 0, bool)
+        if on and not self._auto_process:
+            self._process_queue()
+        self._auto_process = on
+        return None
+
+    def _rpc_process_queued(self, params: list) -> Any:
+        return self._process_queue()
 
     def _raise_send_failure(self, outcome: _Outcome, prefix: str) -> None:
         if outcome.err is None:
@@ -585,6 +730,8 @@ class SolanaDevnet:
                     meta.compute_units_consumed(),
                     landed=False,
                 )
+            keys = list(tx.message.account_keys)
+            pre_balances = tuple(self._svm.get_balance(key) or 0 for key in keys)
             result = self._svm.send_transaction(tx)
             meta = result if isinstance(result, TransactionMetadata) else result.meta()
             err = None if isinstance(result, TransactionMetadata) else _err_json(result.err())
@@ -592,7 +739,17 @@ class SolanaDevnet:
             landed = err is None or self._svm.get_transaction(tx.signatures[0]) is not None
             if landed:
                 self._charge_priority_fee(tx.message)
-                self._record(signature, err, self._blockhashes.get(blockhash, self._slot))
+                landed_tx = _Landed(
+                    self._slot,
+                    err,
+                    tx,
+                    LAMPORTS_PER_SIGNATURE * len(tx.signatures) + _priority_fee(tx.message),
+                    pre_balances,
+                    tuple(self._svm.get_balance(key) or 0 for key in keys),
+                    tuple(meta.logs()),
+                    meta.compute_units_consumed(),
+                )
+                self._record(signature, err, self._blockhashes.get(blockhash, self._slot), landed_tx)
             return _Outcome(
                 signature,
                 err,
@@ -619,9 +776,17 @@ class SolanaDevnet:
                 ),
             )
 
-    def _record(self, signature: str, err: Any, blockhash_slot: int) -> None:
+    def _record(self, signature: str, err: Any, blockhash_slot: int, landed: _Landed | None = None) -> None:
         self._statuses[signature] = _Status(self._slot, err, blockhash_slot)
+        self._history[signature] = landed or _Landed(self._slot, err)
+        if landed is not None and landed.tx is not None:
+            for key in dict.fromkeys(landed.tx.message.account_keys):
+                self._by_address.setdefault(str(key), []).append(signature)
         self._tx_count += 1
+
+    def _block_time(self, slot: int) -> int:
+        """The unix time of a slot, as `_tick` sets the clock sysvar."""
+        return self._unix0 + int(slot * SLOT_SECONDS)
 
     def _run_internal(self, instructions: list[Instruction], signers: list[Keypair]) -> str:
         """Sign and land a devnet housekeeping transaction; raise if it fails."""
@@ -724,6 +889,12 @@ class DevnetFacilitatorSigner:
     def get_addresses(self) -> list[str]:
         return [self._address]
 
+    def fee_payer_signature(self, tx: VersionedTransaction) -> str | None:
+        """The transaction's id once signed by the fee payer (known before it is sent)."""
+        if tx.message.account_keys[0] != self._keypair.pubkey():
+            return None
+        return str(self._keypair.sign_message(to_bytes_versioned(tx.message)))
+
     def sign_transaction(self, tx_base64: str, fee_payer: str, network: str) -> str:
         """Add the fee payer's signature to a transaction the client partially signed."""
         self._devnet._check_network(network)
@@ -752,7 +923,14 @@ class DevnetFacilitatorSigner:
     def send_transaction(self, tx_base64: str, network: str) -> str:
         self._devnet._check_network(network)
         tx = VersionedTransaction.from_bytes(base64.b64decode(tx_base64))
+        traced = trace()
+        if traced is not None:
+            traced.sending(str(tx.signatures[0]))
         outcome = self._devnet._execute(tx, simulate=False, sig_verify=True, check_age=True)
+        if traced is not None and (outcome.landed or outcome.err is None):
+            traced.accepted()
+        elif traced is not None:
+            traced.refused()
         if outcome.err is not None:
             # Terminal: the chain has processed (or refused) it, there is nothing to wait for.
             landed = " (landed, fee charged)" if outcome.landed else ""
@@ -791,8 +969,12 @@ _RPC_METHODS: dict[str, Callable[[SolanaDevnet, list], Any]] = {
     "getRecentPrioritizationFees": SolanaDevnet._rpc_get_recent_prioritization_fees,
     "requestAirdrop": SolanaDevnet._rpc_request_airdrop,
     "getSignatureStatuses": SolanaDevnet._rpc_get_signature_statuses,
+    "getTransaction": SolanaDevnet._rpc_get_transaction,
+    "getSignaturesForAddress": SolanaDevnet._rpc_get_signatures_for_address,
     "simulateTransaction": SolanaDevnet._rpc_simulate_transaction,
     "sendTransaction": SolanaDevnet._rpc_send_transaction,
+    "devnet_setAutoProcess": SolanaDevnet._rpc_set_auto_process,
+    "devnet_processQueued": SolanaDevnet._rpc_process_queued,
 }
 
 
@@ -890,6 +1072,15 @@ def _ui_amount(amount: int, decimals: int) -> dict[str, Any]:
         "uiAmount": float(value),
         "uiAmountString": text,
     }
+
+
+def _memo(tx: VersionedTransaction | None) -> str | None:
+    """getSignaturesForAddress's `memo`: each Memo instruction as "[length] text", joined by "; "."""
+    if tx is None:
+        return None
+    keys = tx.message.account_keys
+    memos = [bytes(ix.data) for ix in tx.message.instructions if keys[ix.program_id_index] == MEMO_PROGRAM]
+    return "; ".join(f"[{len(data)}] {data.decode(errors='replace')}" for data in memos) or None
 
 
 def _opt_str(value: Pubkey | None) -> str | None:

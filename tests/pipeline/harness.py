@@ -10,18 +10,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from eth_account import Account
+from sqlalchemy import update
 from x402.schemas import PaymentPayload
 
 from agent import gateway as gateway_module
 from agent.app import make_engine
 from agent.gateway import CallRequest, Gateway, Outcome, Payment, PaymentDemanded
+from payments.leases import SettlementPolicy
 from payments.ledger import Ledger
+from payments.ledger_schema import payments_table
 from payments.networks import lookup_network
 from payments.processor import PaymentProcessor, PayTo
+from payments.reconciler import Reconciler
 from skills.models.catalog import load_catalog
 from skills.models.model_skills import build_model_skills
 from skills.models.spec import ProviderAccess
@@ -55,6 +60,7 @@ class Pipeline:
     facilitator: ScriptedFacilitator
     upstream: FakeUpstream
     registry: SkillRegistry
+    reconciler: Reconciler
 
     def __post_init__(self) -> None:
         self._client = client_for("http://unused.invalid", evm_key=PAYER_KEY)
@@ -89,6 +95,12 @@ class Pipeline:
         [row] = await self.ledger.list(**filters)
         return row
 
+    async def expire_leases(self) -> None:
+        """Every lease runs out now, as if the replica holding it had died."""
+        async with self.ledger.engine.begin() as conn:
+            await conn.execute(update(payments_table).values(
+                lease_until=datetime.now(UTC) - timedelta(seconds=1)))
+
     @staticmethod
     async def bookkeeping_done() -> None:
         """Wait for the ledger writes the pipeline detached (a stream's usage, written when it
@@ -110,10 +122,13 @@ async def build_pipeline(database_url: str) -> tuple[Pipeline, Any]:
     facilitator = ScriptedFacilitator(networks=[EVM_NET])
     processor = PaymentProcessor(facilitator, [PayTo(lookup_network(EVM_NET), PAY_TO)])
     processor.start()
+    policy = SettlementPolicy(owner="pipeline-test")
+    reconciler = Reconciler(ledger, facilitator.ask, policy)
     upstream = FakeUpstream()
     registry = SkillRegistry([make_skill("echo", echo)])
     for skill in build_model_skills(load_catalog(), upstream,
                                     {"openai": ProviderAccess(api_key="sk-fake")}):
         if skill.id == MODEL:
             registry.add(skill)
-    return Pipeline(Gateway(registry, processor, ledger), ledger, facilitator, upstream, registry), engine
+    gateway = Gateway(registry, processor, ledger, policy=policy, reconciler=reconciler)
+    return Pipeline(gateway, ledger, facilitator, upstream, registry, reconciler), engine

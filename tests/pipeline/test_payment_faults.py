@@ -13,7 +13,7 @@ from skills.errors import UpstreamError
 from skills.skill import Payload, SkillResult
 from tests.support.fake_upstream import chat_answer
 from tests.support.scripted_facilitator import (
-    NONCE_ALREADY_USED,
+    INSUFFICIENT_BALANCE,
     RECIPIENT_MISMATCH,
     TRANSACTION_FAILED,
     VALUE_MISMATCH,
@@ -30,10 +30,6 @@ from .harness import MODEL, PAY_TO, PAYER, Pipeline, echo, make_skill, payment_o
 BODY = {"text": "hello"}
 PRICE = 10_000  # echo's $0.01 in USDC's atomic units
 
-# Issue 11 will record a settlement that raised after it may have been broadcast as `pending` (to be
-# reconciled against the chain) rather than `failed`. Today the row is marked failed, without the
-# transaction the facilitator broadcast: update this one line when issue 11 lands.
-AFTER_BROADCAST_TIMEOUT = {"state": "failed", "error": "settlement_error", "tx_hash": None}
 
 
 def held_skill(pipeline: Pipeline, skill_id: str, *, times: int = 1
@@ -121,9 +117,11 @@ async def test_an_authorization_for_other_terms_is_refused_by_the_facilitators_c
     assert await pipeline.rows() == []
 
 
-async def test_a_failed_settlement_withholds_the_result_and_marks_the_row_failed(
+async def test_a_settlement_refused_before_broadcast_withholds_the_result_and_releases(
     pipeline: Pipeline,
 ) -> None:
+    """The facilitator checks the payment again at settle time and refuses it (the payer's
+    balance went meanwhile): nothing was broadcast, so nothing is charged and the row is released."""
     runs = 0
 
     async def run(payload: Payload) -> SkillResult:
@@ -132,41 +130,63 @@ async def test_a_failed_settlement_withholds_the_result_and_marks_the_row_failed
         return SkillResult(body={"secret": "the result"})
 
     pipeline.add(make_skill("counted", run))
-    pipeline.facilitator.script_settle(SettleFails(TRANSACTION_FAILED))
+    pipeline.facilitator.script_settle(SettleFails(INSUFFICIENT_BALANCE))
     payment = await pipeline.pay("counted", BODY)
     out = await pipeline.call("counted", BODY, payment)
     assert runs == 1  # it ran; its result is not handed out
     assert isinstance(out, PaymentDemanded) and not hasattr(out, "result")
-    assert out.reason == TRANSACTION_FAILED and "withheld" in (out.message or "")
+    assert out.reason == INSUFFICIENT_BALANCE and "withheld" in (out.message or "")
+    assert "nothing was charged" in (out.message or "")
     assert out.receipt is not None and not out.receipt.success
-    assert out.receipt.error_reason == TRANSACTION_FAILED
     row = await pipeline.row()
-    assert (row["state"], row["error"], row["tx_hash"]) == ("failed", TRANSACTION_FAILED, None)
+    assert (row["state"], row["error"], row["tx_hash"]) == ("released", INSUFFICIENT_BALANCE, None)
     assert pipeline.facilitator.broadcasts == []
-    # A failed row is not re-claimable: that payment is spent for paywire; the payer signs anew.
+    # Nothing moved: the same signed payment pays a retry (the balance is back).
     again = await pipeline.call("counted", BODY, payment)
-    assert isinstance(again, PaymentDemanded) and again.reason == "payment_already_used"
-    assert runs == 1
+    assert isinstance(again, Delivered) and again.result.body == {"secret": "the result"}
+    assert runs == 2 and (await pipeline.row())["state"] == "settled"
+
+
+async def test_a_settlement_failure_of_unknown_effect_is_pending_never_nothing_charged(
+    pipeline: Pipeline,
+) -> None:
+    """A remote facilitator's `transaction_failed` with no transaction may follow a send that
+    reached the chain: the payer is told to retry with the same payment, the row is pending."""
+    pipeline.facilitator.script_settle(SettleFails(TRANSACTION_FAILED))
+    payment = await pipeline.pay("echo", BODY)
+    out = await pipeline.call("echo", BODY, payment)
+    assert isinstance(out, Refused) and (out.status, out.code) == (503, "settlement_pending")
+    assert "same payment" in out.message and "nothing was charged" not in out.message
+    assert out.retry_after == pipeline.gateway.policy.pending_retry_seconds
+    assert out.receipt is not None and out.receipt.error_reason == "settlement_pending"
+    assert (await pipeline.row())["state"] == "pending"
 
 
 async def test_a_settlement_that_raises_after_broadcasting(pipeline: Pipeline) -> None:
-    """The facilitator sent the transaction, then timed out waiting for it: the money may have
-    moved. Today: 402 `settlement_error`, the result withheld, the row failed without the
-    transaction (see AFTER_BROADCAST_TIMEOUT: issue 11 makes it pending), and the payment cannot
-    pay again."""
+    """The facilitator sent the transaction, then timed out waiting for it: the money moved.
+    The answer is pending (never "nothing was charged"); once the row's lease runs out, a retry
+    with the same payment has the reconciler ask the chain, and gets the kept result."""
     pipeline.facilitator.script_settle(BroadcastThenTimeout())
     payment = await pipeline.pay("echo", BODY)
     out = await pipeline.call("echo", BODY, payment)
-    assert isinstance(out, PaymentDemanded) and out.reason == "settlement_error"
-    assert out.receipt is not None and out.receipt.error_message == "TimeoutError"
+    assert isinstance(out, Refused) and out.code == "settlement_pending"
     assert len(pipeline.facilitator.broadcasts) == 1  # it did go out
     row = await pipeline.row()
-    assert {k: row[k] for k in AFTER_BROADCAST_TIMEOUT} == AFTER_BROADCAST_TIMEOUT
-    # A retry of that payment: the chain has spent its nonce, so verify refuses it (as the SDK's
-    # facilitator does); the failed row could not be claimed again anyway.
+    assert row["state"] == "pending" and "TimeoutError" in row["error"]
+    # While the lease holds, a retry is told to wait.
     again = await pipeline.call("echo", BODY, payment)
-    assert isinstance(again, PaymentDemanded) and again.reason == NONCE_ALREADY_USED
+    assert isinstance(again, Refused) and again.code == "settlement_pending"
+    assert again.retry_after is not None and 1 <= again.retry_after <= 5
+    await pipeline.expire_leases()
+    delivered = await pipeline.call("echo", BODY, payment)
+    assert isinstance(delivered, Delivered) and delivered.result.body == {"echo": BODY}
+    assert delivered.receipt is not None
+    assert delivered.receipt.transaction == pipeline.facilitator.broadcasts[0]
+    row = await pipeline.row()
+    assert row["state"] == "settled" and row["tx_hash"] == pipeline.facilitator.broadcasts[0]
     assert pipeline.facilitator.settle_calls == 1 and len(await pipeline.rows()) == 1
+    [event] = await pipeline.ledger.events(row["id"])
+    assert (event["from_state"], event["to_state"]) == ("pending", "settled")
 
 
 async def test_a_caller_cancelled_while_settlement_hangs_lets_it_finish(pipeline: Pipeline) -> None:
@@ -176,7 +196,7 @@ async def test_a_caller_cancelled_while_settlement_hangs_lets_it_finish(pipeline
     call = asyncio.create_task(pipeline.call("echo", BODY, payment))
     await gate.reached.wait()
     call.cancel()
-    assert (await pipeline.row())["state"] == "claimed"  # (the loop delivered the cancellation)
+    assert (await pipeline.row())["state"] == "settling"  # (the loop delivered the cancellation)
     assert not call.done()  # still waiting for its settlement, not abandoning it
     gate.release.set()
     with pytest.raises(asyncio.CancelledError):
@@ -241,7 +261,8 @@ async def test_the_same_payment_twice_concurrently_one_claim_wins(pipeline: Pipe
     first = asyncio.create_task(pipeline.call("held", BODY, payment))
     await entered.wait()  # the first call holds the claim and is running
     second = await pipeline.call("held", BODY, payment)
-    assert isinstance(second, PaymentDemanded) and second.reason == "payment_already_used"
+    assert isinstance(second, Refused) and (second.status, second.code) == (409, "payment_in_progress")
+    assert second.retry_after is not None and "same payment" in second.message
     release.set()
     assert isinstance(await first, Delivered)
     assert [r["state"] for r in await pipeline.rows()] == ["settled"]
@@ -253,9 +274,12 @@ async def test_identical_payments_raced_deliver_once(pipeline: Pipeline) -> None
     outcomes = await asyncio.gather(*(pipeline.call("echo", BODY, payment) for _ in range(6)))
     delivered = [o for o in outcomes if isinstance(o, Delivered)]
     refused = [o for o in outcomes if not isinstance(o, Delivered)]
-    assert len(delivered) == 1
-    assert {(type(o).__name__, getattr(o, "reason", None)) for o in refused} == {
-        ("PaymentDemanded", "payment_already_used")}
+    # One settles; the others were told the call was running or settling, or (arriving after
+    # it settled) got its kept result: one settlement whatever the interleaving.
+    assert delivered and {o.receipt.transaction for o in delivered if o.receipt} == set(
+        pipeline.facilitator.broadcasts)
+    assert {(type(o).__name__, getattr(o, "code", None)) for o in refused} <= {
+        ("Refused", "payment_in_progress"), ("Refused", "settlement_pending")}
     assert [r["state"] for r in await pipeline.rows()] == ["settled"]
     assert len(pipeline.facilitator.broadcasts) == 1
 

@@ -12,7 +12,7 @@ import pytest
 from agent.gateway import Delivered, PaymentDemanded
 from tests.support.fake_upstream import FakeStream, chat_chunks
 from tests.support.scripted_facilitator import (
-    TRANSACTION_FAILED,
+    INSUFFICIENT_BALANCE,
     Call,
     Hang,
     ScriptedFacilitator,
@@ -64,13 +64,13 @@ async def test_a_paid_stream_settles_after_its_first_chunk_then_passes_the_rest(
 
 async def test_a_stream_whose_settlement_fails_closes_the_upstream(pipeline: Pipeline) -> None:
     upstream = FakeStream(chat_chunks("Hel", "lo"))
-    pipeline.facilitator.script_settle(SettleFails(TRANSACTION_FAILED))
+    pipeline.facilitator.script_settle(SettleFails(INSUFFICIENT_BALANCE))
     out = await paid_stream(pipeline, upstream)
-    assert isinstance(out, PaymentDemanded) and out.reason == TRANSACTION_FAILED
+    assert isinstance(out, PaymentDemanded) and out.reason == INSUFFICIENT_BALANCE
     assert out.receipt is not None and not out.receipt.success
     assert upstream.outcome == "closed" and upstream.pulled == 1  # cut after the first chunk
     row = await pipeline.row()
-    assert (row["state"], row["error"]) == ("failed", TRANSACTION_FAILED)
+    assert (row["state"], row["error"]) == ("released", INSUFFICIENT_BALANCE)
 
 
 async def read_one_then_leave(pipeline: Pipeline, upstream: FakeStream) -> dict[str, Any]:
@@ -106,7 +106,7 @@ async def test_a_stream_caller_cancelled_while_settling_is_settled_and_recorded_
     call = asyncio.create_task(pipeline.call(MODEL, BODY, payment, stream=True))
     await gate.reached.wait()
     call.cancel()
-    assert (await pipeline.row())["state"] == "claimed" and not call.done()
+    assert (await pipeline.row())["state"] == "settling" and not call.done()
     gate.release.set()
     with pytest.raises(asyncio.CancelledError):
         await call

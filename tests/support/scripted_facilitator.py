@@ -38,7 +38,12 @@ from x402.schemas import (
     VerifyResponse,
 )
 
+from payments.chain_probe import CannotMove, StillOpen, Verdict
+from payments.chain_probe import Moved as ChainMoved
+from payments.facilitator_status import SettlementNotBroadcast
+from payments.ledger import PaymentRow
 from payments.networks import NetworkInfo, lookup_network
+from payments.reconciler import chain_ref_of
 
 # The SDK's reasons (x402.mechanisms.evm.constants), as its EVM facilitator answers them.
 UNSUPPORTED_SCHEME = "unsupported_scheme"
@@ -48,6 +53,7 @@ VALUE_MISMATCH = "invalid_exact_evm_payload_authorization_value_mismatch"
 VALID_BEFORE_EXPIRED = "invalid_exact_evm_payload_authorization_valid_before"
 VALID_AFTER_FUTURE = "invalid_exact_evm_payload_authorization_valid_after"
 NONCE_ALREADY_USED = "invalid_exact_evm_nonce_already_used"
+INSUFFICIENT_BALANCE = "invalid_exact_evm_insufficient_balance"
 TRANSACTION_FAILED = "transaction_failed"
 
 Payload = PaymentPayload | PaymentPayloadV1
@@ -143,6 +149,13 @@ class BroadcastThenTimeout(Step):
         tx = fac.broadcast(call)
         fac.settled[nonce_of(call.payload)] = tx
         raise TimeoutError(f"no receipt for {tx}")
+
+
+class NotBroadcast(Step):
+    """The facilitator could not be reached, or refused before broadcasting: nothing moved."""
+
+    async def settle(self, fac: ScriptedFacilitator, call: Call) -> SettleResponse:
+        raise SettlementNotBroadcast("connection refused")
 
 
 class Hang(Step):
@@ -249,6 +262,17 @@ class ScriptedFacilitator:
         if nonce_of(payload) in self.settled:
             return invalid(NONCE_ALREADY_USED)
         return VerifyResponse(is_valid=True, payer=payer)
+
+    # the chain, as the reconciler asks it (payments/chain_probe.py's verdicts)
+    async def ask(self, row: PaymentRow) -> Verdict:
+        ref = chain_ref_of(row)
+        tx = self.settled.get(str(ref.get("nonce", "")).lower())
+        if tx is not None:
+            return ChainMoved(tx)
+        valid_before = str(ref.get("valid_before") or "")
+        if valid_before.isdigit() and int(valid_before) <= int(time.time()):
+            return CannotMove("authorization expired unused")
+        return StillOpen("authorization unused and not expired")
 
     def broadcast(self, call: Call) -> str:
         tx = "0x" + hashlib.sha256(f"{nonce_of(call.payload)}:{len(self.broadcasts)}".encode()).hexdigest()

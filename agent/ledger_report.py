@@ -1,0 +1,84 @@
+"""`paywire ledger`: what the payment ledger holds, for an operator at a terminal.
+
+Counts by state; the unfinished payments (claimed, settling, pending) with their age, lease and
+transaction, marked "stuck" once their lease ran out (the reconciler has not settled them yet:
+its chain could not be asked, or the payment may still move); what the reconciler did; or the
+latest payments in one state. `--json` prints the same as one JSON document.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from payments.ledger import Ledger, PaymentRow
+from payments.ledger_schema import PaymentState
+
+
+def _age(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "-"
+    seconds = (now - (moment if moment.tzinfo else moment.replace(tzinfo=UTC))).total_seconds()
+    if abs(seconds) < 120:
+        return f"{seconds:.0f}s"
+    if abs(seconds) < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _row(row: PaymentRow, now: datetime) -> dict[str, Any]:
+    return {"id": row.id, "state": str(row.state), "network": row.network, "payer": row.payer,
+            "skill": row.skill_id, "amount_atomic": row.amount_atomic,
+            "transaction": row.tx_hash, "owner": row.owner,
+            "age": _age(row.created_at, now),
+            "lease_left_seconds": round(row.lease_left(now), 1) if row.lease_until else None,
+            "stuck": row.lease_left(now) <= 0, "error": row.error}
+
+
+async def report(ledger: Ledger, *, state: str | None = None, events: bool = False,
+                 limit: int = 50, as_json: bool = False) -> str:
+    """The text (or JSON) `paywire ledger` prints."""
+    now = datetime.now(UTC)
+    if state is not None:
+        rows = [_row(r, now) for r in await ledger.recent(state=state, limit=limit)]
+        return json.dumps(rows, indent=2) if as_json else _table(rows, f"latest {state} payments")
+    if events:
+        found = await ledger.events(limit=limit)
+        shaped = [{"at": e["at"].isoformat(), "payment": e["payment_row"], "actor": e["actor"],
+                   "change": f"{e['from_state']} -> {e['to_state']}", "detail": e["detail"]}
+                  for e in found]
+        if as_json:
+            return json.dumps(shaped, indent=2)
+        if not shaped:
+            return "the reconciler has not changed any payment"
+        return "\n".join(f"{e['at']}  {e['payment']}  {e['change']:<22} {e['detail']}"
+                         for e in shaped)
+    counts = await ledger.counts()
+    unfinished = [_row(r, now) for r in await ledger.unfinished(limit)]
+    if as_json:
+        return json.dumps({"by_state": {k: {"payments": n, "amount_atomic": a}
+                                        for k, (n, a) in counts.items()},
+                           "unfinished": unfinished}, indent=2)
+    lines = ["payments by state:"]
+    for name in PaymentState:
+        n, amount = counts.get(name.value, (0, 0))
+        if n or name in (PaymentState.SETTLED, PaymentState.PENDING):
+            lines.append(f"  {name.value:<9} {n:>8}  {amount:>16} atomic units")
+    stuck = sum(1 for r in unfinished if r["stuck"])
+    lines.append(f"unfinished: {len(unfinished)} ({stuck} stuck: lease ran out, not reconciled yet)")
+    if unfinished:
+        lines.append(_table(unfinished, "unfinished payments, oldest first"))
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict[str, Any]], title: str) -> str:
+    if not rows:
+        return f"{title}: none"
+    out = [f"{title}:"]
+    for r in rows:
+        flag = "STUCK " if r["stuck"] and r["state"] in ("claimed", "settling", "pending") else ""
+        out.append(f"  {flag}{r['id']}  {r['state']:<8} {r['age']:>6}  {r['network']:<40} "
+                   f"{r['skill']:<24} {r['amount_atomic']:>10}  tx={r['transaction'] or '-'}"
+                   + (f"  ({r['error'][:80]})" if r["error"] else ""))
+    return "\n".join(out)

@@ -1,0 +1,563 @@
+"""What became of a settlement whose outcome is unknown: ask the chain (issue 11).
+
+A ledger row is `pending` when its settlement may or may not have reached the chain (a crash
+after broadcasting, a facilitator timeout, a receipt that did not come in time). The reconciler
+hands the row's `chain_ref` (written before anything was broadcast, see
+`payments.processor.identify`) to `probe`, which answers one of:
+
+- `Moved`: the money moved (with the transaction's id when it was found);
+- `CannotMove`: provably nothing moved, and nothing ever can with this authorization or message;
+- `StillOpen`: it may still move; ask again later.
+
+Whatever cannot be read (a transport error, an RPC error answer, an answer of the wrong shape)
+raises `ProbeError`: the probe never guesses, the reconciler logs it and asks again later. A
+malformed `chain_ref` raises `InvalidChainRef` (a bug, not a transient fault).
+
+EVM (EIP-3009): the head block is read first (number, timestamp), then `authorizationState` AT
+THAT BLOCK. Unused at a block whose timestamp is >= validBefore means never: later blocks never
+have smaller timestamps, and `transferWithAuthorization` requires `block.timestamp < validBefore`.
+Reading the state at the same block (not at "latest" again) keeps a load-balanced RPC whose second
+answer comes from a lagging node from pairing a new timestamp with an old state. A used nonce is
+`Moved` unless the token's `AuthorizationCanceled` event shows the signer cancelled it
+(`authorizationState` is true for both); the transaction is found through the given hash's receipt
+or the token's `AuthorizationUsed(authorizer, nonce)` log within `log_lookback_blocks`, and a use
+older than that is `Moved(None)`.
+
+Solana: `isBlockhashValid` first, then the signature's status (with history). A blockhash seen
+invalid BEFORE the status lookup cannot take a transaction after it, so "not found" then means
+never. Commitment is "confirmed" throughout: a transaction seen only at "processed" may still be
+dropped with its fork (`StillOpen`), while a "finalized" search could miss one confirmed in the
+blockhash's last slots. Without a signature (a remote facilitator that crashed before telling its
+id) the debited token account's history is searched, once the blockhash has expired, for a
+transaction whose message hashes to `message_hash`.
+
+Precondition for the caller: probe a row only some time (a minute is plenty) after its payment
+was signed. A node that has not yet seen a very fresh blockhash also calls it invalid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+import httpx
+
+# EIP-3009: authorizationState(address,bytes32) and its two events.
+AUTHORIZATION_STATE_SELECTOR = "e94a0102"
+AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
+AUTHORIZATION_CANCELED_TOPIC = "0x1cdd46ff242716cdaa72d159d339a485b3438398348d68f09d7c8c0a59353d81"
+
+DEFAULT_LOG_LOOKBACK_BLOCKS = 10_000  # ~5.5 hours of Base's 2 s blocks; many RPCs cap ranges near it
+SIGNATURES_PAGE = 1_000  # getSignaturesForAddress's maximum page
+DEFAULT_MAX_HISTORY_PAGES = 10
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+_FETCH_CONCURRENCY = 16  # getTransaction calls in flight while searching a history page
+_COMMITMENT = "confirmed"
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
+_BYTES32 = re.compile(r"0x[0-9a-fA-F]{64}")
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_QUANTITY = re.compile(r"0x[0-9a-fA-F]{1,64}")
+
+
+# ---------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Moved:
+    """The money moved; `transaction` is its id when it was found."""
+
+    transaction: str | None
+
+
+@dataclass(frozen=True)
+class CannotMove:
+    """Provably nothing moved, and nothing can move with this authorization or message any more."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class StillOpen:
+    """Nothing has moved yet, but it still may: ask again later."""
+
+    reason: str
+
+
+Verdict = Moved | CannotMove | StillOpen
+
+
+class ProbeError(Exception):
+    """The chain could not be asked, or answered something unusable: no verdict, retry later."""
+
+
+class RpcError(ProbeError):
+    """The node answered the call with a JSON-RPC error."""
+
+    def __init__(self, method: str, code: Any, message: str, data: Any = None) -> None:
+        super().__init__(f"{method}: error {code}: {message}")
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class RpcUnavailable(ProbeError):
+    """The call did not get an answer (connection, timeout, HTTP status without an RPC error)."""
+
+
+class UnexpectedAnswer(ProbeError):
+    """The node answered, but not in the shape the method's answer has."""
+
+
+class InvalidChainRef(ValueError):
+    """The ledger row's chain reference (or transaction id) is malformed."""
+
+
+# ---------------------------------------------------------------------- transports
+
+
+class JsonRpc(Protocol):
+    """One JSON-RPC call: the result, or an exception (`ProbeError` for RPC and transport faults)."""
+
+    async def call(self, method: str, params: list[Any]) -> Any: ...
+
+
+class HttpJsonRpc:
+    """JSON-RPC over HTTP POST, on one pooled `httpx.AsyncClient` (close it with `aclose`)."""
+
+    def __init__(self, url: str, *, timeout: float = 10.0,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
+        self._url = url
+        self._client = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+        self._max_response_bytes = max_response_bytes
+        self._next_id = 0
+
+    def __repr__(self) -> str:
+        # Provider URLs often carry an API key in the path or query: show the origin only.
+        parsed = httpx.URL(self._url)
+        return f"HttpJsonRpc({parsed.scheme}://{parsed.host}{f':{parsed.port}' if parsed.port else ''})"
+
+    async def call(self, method: str, params: list[Any]) -> Any:
+        self._next_id += 1
+        request_id = self._next_id
+        body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+        try:
+            async with self._client.stream("POST", self._url, json=body) as response:
+                raw = await self._read(method, response)
+                status = response.status_code
+        except httpx.HTTPError as exc:
+            # Named by type only: the URL (a provider's, with its key) stays out of the message.
+            raise RpcUnavailable(f"{method}: {type(exc).__name__}") from exc
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+            raise _rpc_error(method, answer["error"])
+        if status != 200:
+            raise RpcUnavailable(f"{method}: HTTP {status}")
+        if not isinstance(answer, dict) or "result" not in answer:
+            raise UnexpectedAnswer(f"{method}: not a JSON-RPC answer")
+        if answer.get("id") != request_id:
+            raise UnexpectedAnswer(f"{method}: the answer's id is not the call's")
+        return answer["result"]
+
+    async def _read(self, method: str, response: httpx.Response) -> bytes:
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > self._max_response_bytes:
+                raise UnexpectedAnswer(f"{method}: answer larger than {self._max_response_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> HttpJsonRpc:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class InProcessRpc:
+    """A devnet chain's `rpc(method, params) -> {"result"} | {"error"}`, called in a worker thread.
+
+    py-evm and LiteSVM calls block (and take the chain's lock), so they stay off the event loop.
+    Params and answers go through JSON, so the probe sees exactly what an HTTP client would.
+    """
+
+    def __init__(self, rpc: Callable[[str, list[Any]], Mapping[str, Any]]) -> None:
+        self._rpc = rpc
+
+    async def call(self, method: str, params: list[Any]) -> Any:
+        wire = json.loads(json.dumps(params))
+        answer = json.loads(json.dumps(await asyncio.to_thread(self._rpc, method, wire)))
+        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+            raise _rpc_error(method, answer["error"])
+        if not isinstance(answer, dict) or "result" not in answer:
+            raise UnexpectedAnswer(f"{method}: not a JSON-RPC answer")
+        return answer["result"]
+
+
+def _rpc_error(method: str, error: Mapping[str, Any]) -> RpcError:
+    return RpcError(method, error.get("code"), str(error.get("message", "")), error.get("data"))
+
+
+# ---------------------------------------------------------------------- the probe
+
+
+async def probe(
+    chain_ref: Mapping[str, Any],
+    rpc: JsonRpc,
+    *,
+    tx_hash: str | None = None,
+    log_lookback_blocks: int = DEFAULT_LOG_LOOKBACK_BLOCKS,
+    max_history_pages: int = DEFAULT_MAX_HISTORY_PAGES,
+) -> Verdict:
+    """Ask the chain what became of the settlement `chain_ref` describes.
+
+    `tx_hash` is the ledger row's transaction id when one is known (EVM: a hint where to find the
+    transaction; Solana: the signature, when `chain_ref` has none). `log_lookback_blocks` bounds
+    the EVM log search for the transaction; `max_history_pages` bounds the Solana history search
+    (pages of 1,000 signatures) before it answers `StillOpen` instead of concluding.
+    """
+    if not isinstance(chain_ref, Mapping):
+        raise InvalidChainRef("chain_ref must be an object")
+    kind = chain_ref.get("kind")
+    if kind == "eip3009":
+        ref = _Eip3009Ref.parse(chain_ref)
+        hashes = [h for h in (tx_hash, chain_ref.get("tx_hash")) if h is not None]
+        candidates = list(dict.fromkeys(_tx_hash(h) for h in hashes))
+        return await _probe_eip3009(ref, rpc, candidates, max(0, log_lookback_blocks))
+    if kind == "svm":
+        svm = _SvmRef.parse(chain_ref)
+        signature = svm.signature
+        if tx_hash is not None:
+            given = _signature(tx_hash, "tx_hash")
+            if signature is not None and given != signature:
+                raise InvalidChainRef("the row's tx_hash is not chain_ref's signature")
+            signature = given
+        return await _probe_svm(svm, rpc, signature, max(1, max_history_pages))
+    raise InvalidChainRef(f"unknown chain_ref kind {kind!r}")
+
+
+# ---------------------------------------------------------------------- EVM
+
+
+@dataclass(frozen=True)
+class _Eip3009Ref:
+    token: str  # lowercase 0x addresses and nonce
+    authorizer: str
+    valid_before: int
+    nonce: str
+
+    @classmethod
+    def parse(cls, ref: Mapping[str, Any]) -> _Eip3009Ref:
+        for name in ("to", "value", "valid_after"):  # not needed to probe, but part of a sound ref
+            if name not in ref:
+                raise InvalidChainRef(f"chain_ref has no {name}")
+        _uint(ref["value"], "value")
+        _uint(ref["valid_after"], "valid_after")
+        _address(ref["to"], "to")
+        return cls(
+            token=_address(ref.get("token"), "token"),
+            authorizer=_address(ref.get("from"), "from"),
+            valid_before=_uint(ref.get("valid_before"), "valid_before"),
+            nonce=_bytes32(ref.get("nonce"), "nonce"),
+        )
+
+    @property
+    def authorizer_topic(self) -> str:
+        return "0x" + "00" * 12 + self.authorizer[2:]
+
+
+async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], lookback: int) -> Verdict:
+    head = await rpc.call("eth_getBlockByNumber", ["latest", False])
+    if not isinstance(head, dict):
+        raise UnexpectedAnswer("eth_getBlockByNumber: no latest block")
+    block = _quantity(head.get("number"), "eth_getBlockByNumber number")
+    timestamp = _quantity(head.get("timestamp"), "eth_getBlockByNumber timestamp")
+    # After the timestamp, and at its block: see the module's docstring.
+    if await _authorization_used(rpc, ref, block):
+        return await _find_use(rpc, ref, tx_hashes, block, lookback)
+    if timestamp >= ref.valid_before:
+        return CannotMove(f"authorization expired unused (validBefore {ref.valid_before}, "
+                          f"block {block} at {timestamp})")
+    notes = [await _receipt_note(rpc, ref, h, block) for h in tx_hashes]
+    return StillOpen("; ".join([f"authorization unused and valid until {ref.valid_before} "
+                                f"(block {block} at {timestamp})", *notes]))
+
+
+async def _authorization_used(rpc: JsonRpc, ref: _Eip3009Ref, block: int) -> bool:
+    data = "0x" + AUTHORIZATION_STATE_SELECTOR + ref.authorizer_topic[2:] + ref.nonce[2:]
+    answer = await rpc.call("eth_call", [{"to": ref.token, "data": data}, hex(block)])
+    # Exactly one ABI word, 0 or 1: "0x" (no code at the token) or anything else is not an answer.
+    if not isinstance(answer, str) or not _BYTES32.fullmatch(answer) or int(answer, 16) > 1:
+        raise UnexpectedAnswer("eth_call authorizationState: not a bool")
+    return int(answer, 16) == 1
+
+
+async def _find_use(rpc: JsonRpc, ref: _Eip3009Ref, tx_hashes: list[str], block: int,
+                    lookback: int) -> Verdict:
+    for tx_hash in tx_hashes:
+        receipt = await rpc.call("eth_getTransactionReceipt", [tx_hash])
+        if receipt is None:
+            continue
+        if not isinstance(receipt, dict) or not isinstance(receipt.get("logs"), list):
+            raise UnexpectedAnswer("eth_getTransactionReceipt: not a receipt")
+        succeeded = _quantity(receipt.get("status"), "receipt status") == 1
+        if succeeded and any(_event(log, ref) == AUTHORIZATION_USED_TOPIC for log in receipt["logs"]):
+            return Moved(tx_hash)
+    logs = await rpc.call("eth_getLogs", [{
+        "address": ref.token,
+        "fromBlock": hex(max(0, block - lookback)),
+        "toBlock": hex(block),
+        "topics": [[AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC], ref.authorizer_topic,
+                   ref.nonce],
+    }])
+    if not isinstance(logs, list):
+        raise UnexpectedAnswer("eth_getLogs: not a list of logs")
+    events = [(_event(log, ref), log) for log in logs]
+    for topic, log in events:
+        if topic == AUTHORIZATION_USED_TOPIC:
+            return Moved(_tx_hash(log.get("transactionHash"), UnexpectedAnswer))
+    if any(topic == AUTHORIZATION_CANCELED_TOPIC for topic, _ in events):
+        return CannotMove("authorization canceled by its signer before it was used")
+    return Moved(None)  # used, by a transaction older than the searched blocks
+
+
+def _event(log: Any, ref: _Eip3009Ref) -> str | None:
+    """The topic of the token's AuthorizationUsed/Canceled log for this authorization, else None."""
+    if not isinstance(log, dict) or log.get("removed") is True:
+        return None
+    topics = log.get("topics")
+    if str(log.get("address", "")).lower() != ref.token or not isinstance(topics, list):
+        return None
+    topics = [str(t).lower() for t in topics]
+    if len(topics) != 3 or topics[1:] != [ref.authorizer_topic, ref.nonce]:
+        return None
+    return topics[0] if topics[0] in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC) else None
+
+
+async def _receipt_note(rpc: JsonRpc, ref: _Eip3009Ref, tx_hash: str, block: int) -> str:
+    """What the known transaction did, for a StillOpen reason."""
+    receipt = await rpc.call("eth_getTransactionReceipt", [tx_hash])
+    if receipt is None:
+        return f"transaction {tx_hash} not mined"
+    if not isinstance(receipt, dict):
+        raise UnexpectedAnswer("eth_getTransactionReceipt: not a receipt")
+    if _quantity(receipt.get("status"), "receipt status") == 0:
+        return (f"transaction {tx_hash} reverted, but the authorization is unused and not expired: "
+                "it may still be submitted")
+    if _quantity(receipt.get("blockNumber"), "receipt blockNumber") > block:
+        return f"transaction {tx_hash} mined after block {block}"
+    return f"transaction {tx_hash} succeeded without using this authorization"
+
+
+# ---------------------------------------------------------------------- Solana
+
+
+@dataclass(frozen=True)
+class _SvmRef:
+    message_hash: str
+    signature: str | None
+    blockhash: str
+    search_address: str  # whose history holds the transaction: the debited account, ideally
+
+    @classmethod
+    def parse(cls, ref: Mapping[str, Any]) -> _SvmRef:
+        message_hash = ref.get("message_hash")
+        if not isinstance(message_hash, str) or not _HEX64.fullmatch(message_hash):
+            raise InvalidChainRef("chain_ref's message_hash is not 64 hex digits")
+        signature = ref.get("signature")
+        fee_payer = _pubkey(ref.get("fee_payer"), "fee_payer")
+        accounts = [_pubkey(ref[name], name) for name in ("source_ata", "destination_ata")
+                    if ref.get(name) is not None]
+        return cls(
+            message_hash=message_hash.lower(),
+            signature=None if signature is None else _signature(signature, "signature"),
+            blockhash=_blockhash(ref.get("blockhash")),
+            # The fee payer's history is the busiest (every settlement): the last resort.
+            search_address=(accounts or [fee_payer])[0],
+        )
+
+
+def svm_message_hash(transaction: bytes) -> str:
+    """The ledger's identity of a Solana payment: sha256 (hex) of `bytes(tx.message)`.
+
+    The same digest as `payments.processor.identify` (solders' message serialization, which for a
+    v0 message leaves out the 0x80 version prefix).
+    """
+    from solders.transaction import VersionedTransaction
+
+    return hashlib.sha256(bytes(VersionedTransaction.from_bytes(transaction).message)).hexdigest()
+
+
+async def _probe_svm(ref: _SvmRef, rpc: JsonRpc, signature: str | None, max_pages: int) -> Verdict:
+    expired = not await _blockhash_valid(rpc, ref.blockhash)
+    if signature is not None:
+        status = await _signature_status(rpc, signature)
+        if status is not None:
+            return _status_verdict(status, signature)
+        if expired:
+            return CannotMove("blockhash expired, transaction never landed")
+        return StillOpen("transaction not found; its blockhash is still valid, it may still land")
+    if not expired:
+        return StillOpen("transaction id unknown; its blockhash is still valid, it may still land")
+    return await _search_history(ref, rpc, max_pages)
+
+
+async def _blockhash_valid(rpc: JsonRpc, blockhash: str) -> bool:
+    answer = await rpc.call("isBlockhashValid", [blockhash, {"commitment": _COMMITMENT}])
+    value = answer.get("value") if isinstance(answer, dict) else None
+    if not isinstance(value, bool):
+        raise UnexpectedAnswer("isBlockhashValid: no boolean value")
+    return value
+
+
+async def _signature_status(rpc: JsonRpc, signature: str) -> dict[str, Any] | None:
+    answer = await rpc.call("getSignatureStatuses", [[signature], {"searchTransactionHistory": True}])
+    value = answer.get("value") if isinstance(answer, dict) else None
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], dict | None):
+        raise UnexpectedAnswer("getSignatureStatuses: not one status")
+    if value[0] is not None and "err" not in value[0]:
+        raise UnexpectedAnswer("getSignatureStatuses: a status without err")
+    return value[0]
+
+
+def _status_verdict(status: Mapping[str, Any], signature: str) -> Verdict:
+    level = status.get("confirmationStatus")
+    if level is None and status.get("confirmations", 0) is None:
+        level = "finalized"  # nodes before confirmationStatus: null confirmations means rooted
+    if level not in ("confirmed", "finalized"):
+        return StillOpen(f"transaction seen at {level or 'unknown'} commitment only; "
+                         "it may still be dropped")
+    return _landed_verdict(status.get("err"), signature)
+
+
+def _landed_verdict(err: Any, signature: str) -> Verdict:
+    if err is None:
+        return Moved(signature)
+    return CannotMove(f"transaction landed and failed: {json.dumps(err, sort_keys=True)}")
+
+
+async def _search_history(ref: _SvmRef, rpc: JsonRpc, max_pages: int) -> Verdict:
+    """The blockhash has expired: did a transaction with this message land before it did?"""
+    before: str | None = None
+    searched = 0
+    for _ in range(max_pages):
+        config: dict[str, Any] = {"limit": SIGNATURES_PAGE, "commitment": _COMMITMENT}
+        if before is not None:
+            config["before"] = before
+        page = await rpc.call("getSignaturesForAddress", [ref.search_address, config])
+        if not isinstance(page, list) or not all(
+            isinstance(entry, dict) and isinstance(entry.get("signature"), str) for entry in page
+        ):
+            raise UnexpectedAnswer("getSignaturesForAddress: not a list of signatures")
+        signatures = [entry["signature"] for entry in page]
+        for start in range(0, len(signatures), _FETCH_CONCURRENCY):
+            chunk = signatures[start : start + _FETCH_CONCURRENCY]
+            # Every call runs to its end (none left behind); the first failure is raised.
+            found = await asyncio.gather(*(_transaction(rpc, s) for s in chunk), return_exceptions=True)
+            for item in found:
+                if isinstance(item, BaseException):
+                    raise item
+            for signature, (message_hash, err) in zip(chunk, cast(list[tuple[str, Any]], found),
+                                                      strict=True):
+                if message_hash == ref.message_hash:
+                    return _landed_verdict(err, signature)
+        searched += len(signatures)
+        if len(signatures) < SIGNATURES_PAGE:
+            return CannotMove("blockhash expired and no transaction with this message landed")
+        before = signatures[-1]
+    return StillOpen(f"blockhash expired; the newest {searched} transactions of {ref.search_address} "
+                     "hold none with this message, and its history goes further back")
+
+
+async def _transaction(rpc: JsonRpc, signature: str) -> tuple[str, Any]:
+    """A landed transaction's message hash and error."""
+    answer = await rpc.call("getTransaction", [signature, {
+        "encoding": "base64", "maxSupportedTransactionVersion": 0, "commitment": _COMMITMENT}])
+    if not isinstance(answer, dict):
+        # Listed in the history but not readable: the node is inconsistent or pruned; never guess.
+        raise UnexpectedAnswer("getTransaction: a listed transaction is not available")
+    encoded, meta = answer.get("transaction"), answer.get("meta")
+    if (not isinstance(encoded, list) or len(encoded) != 2 or encoded[1] != "base64"
+            or not isinstance(encoded[0], str) or not isinstance(meta, dict) or "err" not in meta):
+        raise UnexpectedAnswer("getTransaction: not a base64 transaction with its meta")
+    try:
+        message_hash = svm_message_hash(base64.b64decode(encoded[0], validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise UnexpectedAnswer("getTransaction: the transaction does not decode") from exc
+    return message_hash, meta["err"]
+
+
+# ---------------------------------------------------------------------- parsing
+
+
+def _address(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not _ADDRESS.fullmatch(value):
+        raise InvalidChainRef(f"chain_ref's {name} is not an address")
+    return value.lower()
+
+
+def _bytes32(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not _BYTES32.fullmatch(value):
+        raise InvalidChainRef(f"chain_ref's {name} is not 32 bytes of 0x hex")
+    return value.lower()
+
+
+def _uint(value: Any, name: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    raise InvalidChainRef(f"chain_ref's {name} is not an unsigned integer")
+
+
+def _tx_hash(value: Any, error: type[Exception] = InvalidChainRef) -> str:
+    if not isinstance(value, str) or not _BYTES32.fullmatch(value):
+        raise error("a transaction hash is not 32 bytes of 0x hex")
+    return value.lower()
+
+
+def _quantity(value: Any, what: str) -> int:
+    if not isinstance(value, str) or not _QUANTITY.fullmatch(value):
+        raise UnexpectedAnswer(f"{what}: not a hex quantity")
+    return int(value, 16)
+
+
+def _pubkey(value: Any, name: str) -> str:
+    from solders.pubkey import Pubkey
+
+    try:
+        return str(Pubkey.from_string(value))
+    except Exception:  # solders raises its own (and panic) types for bad input
+        raise InvalidChainRef(f"chain_ref's {name} is not a Solana address") from None
+
+
+def _blockhash(value: Any) -> str:
+    from solders.hash import Hash
+
+    try:
+        return str(Hash.from_string(value))
+    except Exception:
+        raise InvalidChainRef("chain_ref's blockhash is not a Solana blockhash") from None
+
+
+def _signature(value: Any, name: str) -> str:
+    from solders.signature import Signature
+
+    try:
+        return str(Signature.from_string(value))
+    except Exception:
+        raise InvalidChainRef(f"{name} is not a Solana transaction signature") from None

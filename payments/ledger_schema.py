@@ -1,0 +1,151 @@
+"""The ledger's tables: what is stored, one definition used by the ledger and the migrations.
+
+The schema is owned by Alembic (`payments/migrations/`, `paywire db upgrade`); this module is
+the head revision's shape, and `alembic check` in the tests keeps the two from drifting.
+
+paywire_payments       one row per payment (unique on its on-chain identity, and on the x402
+                       payment identifier when the payer sent one), its state and lease
+paywire_results        a paid call's result, kept (bounded by settings) so a retry carrying the
+                       same payment gets it instead of a second charge
+paywire_payment_events what the reconciler did to a row (the hot path only logs its changes)
+"""
+
+from __future__ import annotations
+
+import enum
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Numeric,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+metadata = MetaData()
+
+class ExactUsd(TypeDecorator[Decimal]):
+    """Exact decimal USD: NUMERIC(32, 12) where the database has an exact numeric type
+    (PostgreSQL); decimal text on SQLite, whose NUMERIC affinity would store a binary float."""
+
+    impl = Numeric(32, 12, asdecimal=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(String(48))
+        return dialect.type_descriptor(Numeric(32, 12, asdecimal=True))
+
+    def process_bind_param(self, value: Decimal | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        exact = Decimal(value)
+        return str(exact) if dialect.name == "sqlite" else exact
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        return None if value is None else Decimal(str(value))
+
+
+USD = ExactUsd()
+
+
+class PaymentState(enum.StrEnum):
+    """Where a payment is; the transitions are in docs/architecture.md ("Settlement states").
+
+    claimed   reserved for one call; nothing was broadcast (a crash here is safe to release)
+    settling  the settlement intent is written: something may be broadcast from now on
+    pending   the settlement's outcome is not known (a timeout, a facilitator 5xx, a crash):
+              the reconciler asks the chain
+    settled   the money moved (the transaction is in `tx_hash`)
+    released  nothing moved: the call did not deliver, or the chain says the payment can no
+              longer move; the same signed payment may be claimed again
+    failed    written by versions before the state machine only (terminal, kept for history)
+    """
+
+    CLAIMED = "claimed"
+    SETTLING = "settling"
+    PENDING = "pending"
+    SETTLED = "settled"
+    RELEASED = "released"
+    FAILED = "failed"
+
+
+UNFINISHED = (PaymentState.CLAIMED, PaymentState.SETTLING, PaymentState.PENDING)
+MAY_HAVE_MOVED = (PaymentState.SETTLING, PaymentState.PENDING)
+
+payments_table = Table(
+    "paywire_payments",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("network", String(64), nullable=False),
+    Column("payer", String(128), nullable=False),
+    Column("nonce", String(130), nullable=False),
+    Column("amount_atomic", BigInteger, nullable=False),
+    Column("asset", String(128), nullable=False),
+    Column("pay_to", String(128), nullable=False),
+    Column("skill_id", String(200), nullable=False),
+    Column("request_digest", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("tx_hash", String(130)),
+    Column("error", Text),
+    Column("usage", JSON),
+    Column("upstream_cost_usd", USD),
+    Column("latency_ms", Integer),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    # The x402 `payment-identifier` extension's id, when the payer sent one (idempotency key).
+    Column("payment_id", String(128)),
+    # What identifies the on-chain action, written with the intent before anything is broadcast:
+    # {"kind": "eip3009", "token", "from", "to", "value", "valid_after", "valid_before", "nonce"}
+    # or {"kind": "svm", "message_hash", "signature" (when known), "blockhash", "fee_payer"}.
+    Column("chain_ref", JSON),
+    # Which replica works on the row, and until when (renewed while it works; an expired lease
+    # on an unfinished row is the reconciler's to take).
+    Column("owner", String(64)),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("delivered_at", DateTime(timezone=True)),
+    UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
+    UniqueConstraint("payment_id", name="uq_payment_identifier"),
+    Index("ix_payments_unfinished", "state", "lease_until"),
+)
+
+results_table = Table(
+    "paywire_results",
+    metadata,
+    Column("payment_row", String(36), ForeignKey("paywire_payments.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("status", Integer, nullable=False),
+    Column("media_type", String(200), nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Index("ix_results_expires", "expires_at"),
+)
+
+events_table = Table(
+    "paywire_payment_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("payment_row", String(36), ForeignKey("paywire_payments.id", ondelete="CASCADE"),
+           nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("actor", String(64), nullable=False),  # the replica, e.g. "reconciler@<replica>"
+    Column("from_state", String(16), nullable=False),
+    Column("to_state", String(16), nullable=False),
+    Column("detail", Text),
+    Index("ix_events_row", "payment_row"),
+    Index("ix_events_at", "at"),
+)
