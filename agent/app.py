@@ -377,7 +377,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         share = getattr(processor.facilitator, "share_sends", None)
         if share is not None:
             loop = asyncio.get_running_loop()
-            await asyncio.to_thread(share, lambda name: send_lock_for(engine, loop, name))
+            share(lambda name: send_lock_for(engine, loop, name))
         # Leases of the payments in flight stay alive while this process does; the reconciler
         # settles, at startup and then periodically, whatever a dead replica left unfinished.
         background = [asyncio.create_task(gateway.in_flight.run()),

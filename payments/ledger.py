@@ -14,9 +14,11 @@ Every unfinished row (claimed, settling, pending) carries a lease: the replica w
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -24,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import and_, delete, func, insert, or_, select, true, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .ledger_schema import (
     UNFINISHED,
@@ -157,6 +159,21 @@ class Ledger:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        # SQLite has one writer at a time, and a connection that finds the file locked waits in
+        # SQLite's busy handler, whose sleeps grow to 100 ms: under load that is the latency
+        # tail. One process writes to a SQLite ledger, so its writers queue here instead (a fair
+        # FIFO, no sleeping); PostgreSQL's row locks need no such queue.
+        self._write_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+
+    @contextlib.asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction (committed on exit)."""
+        if self._write_lock is None:
+            async with self._engine.begin() as conn:
+                yield conn
+            return
+        async with self._write_lock, self._engine.begin() as conn:
+            yield conn
 
     @property
     def engine(self) -> AsyncEngine:
@@ -186,7 +203,7 @@ class Ledger:
             "created_at": now, "updated_at": now,
         }
         try:
-            async with self._engine.begin() as conn:
+            async with self._write() as conn:
                 await conn.execute(insert(payments_table).values(**values))
             log.info("payment %s claimed (%s on %s)", row_id, req.skill_id, key.network)
             return Claimed(row_id)
@@ -194,7 +211,7 @@ class Ledger:
             pass
         t = payments_table
         try:
-            async with self._engine.begin() as conn:
+            async with self._write() as conn:
                 taken = (await conn.execute(
                     update(t)
                     .where(and_(
@@ -243,7 +260,7 @@ class Ledger:
         """Detach the payment identifier from a released row (the payer signed a new payment
         for the same request under the same id: the new payment takes the id)."""
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state == PaymentState.RELEASED))
                 .values(payment_id=None, updated_at=_now()))
@@ -259,7 +276,7 @@ class Ledger:
         longer this owner's (its lease ran out and the row was taken): nothing may be settled."""
         t = payments_table
         now = _now()
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             moved = await conn.execute(
                 update(t)
                 .where(and_(t.c.id == row_id, t.c.state == PaymentState.CLAIMED, t.c.owner == owner))
@@ -279,7 +296,7 @@ class Ledger:
     async def note_transaction(self, row_id: str, tx_hash: str) -> None:
         """The broadcast transaction's id, as soon as it is known (before the outcome is)."""
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state.in_(
                     (PaymentState.SETTLING, PaymentState.PENDING))))
@@ -330,7 +347,7 @@ class Ledger:
         if usage is not None or upstream_cost_usd is not None:
             extra |= {"usage": usage, "upstream_cost_usd": upstream_cost_usd}
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state.in_(tuple(states))))
                 .values(state=PaymentState.RELEASED, error=reason[:2000], lease_until=None,
@@ -344,7 +361,7 @@ class Ledger:
 
     async def _transition(self, row_id: str, frm: tuple[PaymentState, ...], **values: Any) -> bool:
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state.in_(frm)))
                 .values(updated_at=_now(), **values))
@@ -363,7 +380,7 @@ class Ledger:
         """A settled row whose result never reached its payer and was not kept: the first retry
         to ask gets to run the call again (free); False for everyone else."""
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state == PaymentState.SETTLED,
                                      t.c.delivered_at.is_(None)))
@@ -373,7 +390,7 @@ class Ledger:
     async def undo_redelivery(self, row_id: str) -> None:
         """The free re-run failed too: the next retry may try again."""
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             await conn.execute(update(t).where(t.c.id == row_id)
                                .values(delivered_at=None, updated_at=_now()))
 
@@ -386,12 +403,12 @@ class Ledger:
                                   "upstream_cost_usd": upstream_cost_usd, "updated_at": _now()}
         if delivered:
             values["delivered_at"] = _now()
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             await conn.execute(update(t).where(t.c.id == row_id).values(**values))
 
     async def prune_results(self) -> int:
         """Drop kept results past their retention; returns how many."""
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             result = await conn.execute(delete(results_table).where(
                 results_table.c.expires_at <= _now()))
             return result.rowcount or 0
@@ -404,7 +421,7 @@ class Ledger:
         if not ids:
             return 0
         t = payments_table
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id.in_(ids), t.c.owner == owner,
                                      t.c.state.in_(UNFINISHED)))
@@ -416,7 +433,7 @@ class Ledger:
         """Take an unfinished row whose lease ran out (compare-and-set: one taker wins)."""
         t = payments_table
         now = _now()
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             row = (await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state.in_(tuple(states)),
                                      or_(t.c.lease_until.is_(None), t.c.lease_until < now)))
@@ -445,7 +462,7 @@ class Ledger:
             values["tx_hash"] = tx_hash
         if to == PaymentState.RELEASED:
             values["error"] = detail[:2000]
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             before = (await conn.execute(select(t.c.state).where(and_(
                 t.c.id == row_id, t.c.owner == owner, t.c.state.in_(UNFINISHED))))).scalar()
             if before is None:
@@ -463,7 +480,7 @@ class Ledger:
 
     async def note_event(self, row_id: str, *, actor: str, state: PaymentState, detail: str) -> None:
         """What the reconciler found without changing the state (still open)."""
-        async with self._engine.begin() as conn:
+        async with self._write() as conn:
             await conn.execute(insert(events_table).values(
                 payment_row=row_id, at=_now(), actor=actor, from_state=state, to_state=state,
                 detail=detail[:2000]))

@@ -108,8 +108,8 @@ class ThreadedFacilitator:
         """Make the EVM signer take turns with other replicas sending from the same key:
         `lock_for(name)` gives the lock for a key (payments/send_lock.py)."""
         use = getattr(self._evm_signer, "use_send_lock", None)
-        if use is not None:
-            use(lock_for(f"{self._evm_signer.get_chain_id()}:{self._evm_signer.address.lower()}"))
+        if use is not None:  # one lock per key (no chain call: the node may be down at startup)
+            use(lock_for(f"evm:{self._evm_signer.address.lower()}"))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support.live_server import LiveServer, start_server  # noqa: E402
+from tests.support.live_server import LiveDatabase, LiveServer, start_server  # noqa: E402
 from tests.support.postgres import PostgresServer, start_postgres, stop_postgres  # noqa: E402
 
 pytest_plugins = ["tests.support.model_env"]
@@ -43,3 +43,14 @@ def postgres_server() -> Iterator[PostgresServer]:
     pg = start_postgres()
     yield pg
     stop_postgres(pg)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def live_database(request: pytest.FixtureRequest) -> LiveDatabase:
+    """The database of a module's live servers: each test that uses it (or a module server fixture
+    that does) runs on SQLite and on PostgreSQL, with the database in its id. Module-scoped, so
+    pytest groups a module's tests by database and a module's server is started once per database.
+    The PostgreSQL server starts only when a postgresql test runs."""
+    if request.param == "sqlite":
+        return LiveDatabase("sqlite")
+    return LiveDatabase("postgresql", request.getfixturevalue("postgres_server"))

@@ -4,7 +4,9 @@ The creator proves itself with its task token (the one paywire minted for it, or
 strangers are an anonymous caller, the holder of another token and another wallet (SIWX). Each
 state is held deterministically (events and polls with a deadline, never sleeps): `submitted` by
 holding the store's save of the `working` status, `working` by a resource that waits for an
-event, the settlement by a facilitator whose settle waits for an event.
+event, the settlement by a facilitator whose settle waits for an event. Every test runs on SQLite
+and on PostgreSQL (`live_database`: tests/conftest.py), the stored tasks read through the server's
+database (`LiveServer.task_rows`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import logging
 import secrets
 import socket
-import sqlite3
 import threading
 import time
 import uuid
@@ -40,7 +41,7 @@ from payments.networks import BASE_SEPOLIA
 from tests.conftest import TEST_RESOURCES
 from tests.support.hooked_resources import Hooked
 from tests.support.identity import siwx_header
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import CLIENT_TLS, LiveDatabase, LiveServer
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
 
@@ -48,6 +49,17 @@ EXT = {"A2A-Extensions": X402_EXTENSION}
 MARKER = "sk-live-" + secrets.token_hex(12)  # a secret inside a task's input (issue 9: a bearer header)
 HOOKED = {"headers": {"Authorization": f"Bearer {MARKER}"}}
 TOKEN_HEADER = "Paywire-Task-Token"
+
+
+@pytest.fixture(scope="module")
+def test_server(live_database: LiveDatabase, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[LiveServer]:
+    """This module's gateway with the test resources, one per database (in place of the
+    session's SQLite `test_server`)."""
+    live = live_database.start(tmp_path_factory.mktemp("a2a-privacy"),
+                               env={"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)})
+    yield live
+    live.stop()
 
 
 # ------------------------------------------------------------------ the two wire versions
@@ -126,14 +138,15 @@ def rpc(server: LiveServer, wire: Wire, method: str, params: dict[str, Any],
         headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": method,
                                                  "params": params},
-                      headers=wire.headers(headers), timeout=60)
+                      headers=wire.headers(headers), timeout=60, verify=CLIENT_TLS)
 
 
 def first_event(server: LiveServer, wire: Wire, method: str, params: dict[str, Any],
                 headers: dict[str, str] | None = None) -> tuple[httpx.Headers, dict[str, Any]]:
     """A streaming method's response headers and first event (or its JSON error answer)."""
     with httpx.stream("POST", f"{server.url}/a2a", headers=wire.headers(headers), timeout=60,
-                      json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}) as r:
+                      json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+                      verify=CLIENT_TLS) as r:
         if r.headers.get("content-type", "").startswith("application/json"):
             return r.headers, json.loads(r.read())
         line = next(line for line in r.iter_lines() if line.startswith("data:"))
@@ -485,17 +498,17 @@ def test_a_minted_token_comes_back_in_header_cookie_result_and_first_stream_even
         {"skill": "test-hooked", "input": HOOKED})}, EXT)
     streamed = wire.task_of(event)
     assert streamed["metadata"]["paywire.taskToken"] == headers[TOKEN_HEADER]
+    # The first event is the task as first enqueued (submitted); its quote is stored after it.
+    wait_for(lambda: rpc(server, wire, wire.get, {"id": streamed["id"]}, {
+        TOKEN_HEADER: headers[TOKEN_HEADER]}).json()["result"]["status"]["state"]
+        != wire.state("submitted"), "the streamed task's quote")
     creator_reads(server, wire, streamed["id"], {TOKEN_HEADER: headers[TOKEN_HEADER]},
                   "input-required")
 
     # Only the token's hash is stored, as the owner; the token is nowhere in the database.
-    db = server.runtime.settings.db_url.split("///", 1)[1]
-    con = sqlite3.connect(db)
-    try:
-        [(owner,)] = con.execute("SELECT owner FROM tasks WHERE id = ?", (task["id"],)).fetchall()
-        dump = "\n".join(con.iterdump())
-    finally:
-        con.close()
+    [owner] = [row["owner"] for row in server.task_rows(id=task["id"])]
+    dump = server.database_dump()
+    assert task["id"] in dump  # (the dump holds the tasks)
     assert owner == "token:" + hashlib.sha256(token.encode()).hexdigest()
     assert token not in dump and headers[TOKEN_HEADER] not in dump
 
@@ -670,16 +683,10 @@ def interruptions(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
 
 
 def _stored(live: LiveServer, task_owner: str) -> dict[str, Any]:
-    db = live.runtime.settings.db_url.split("///", 1)[1]
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        rows = con.execute("SELECT * FROM tasks WHERE owner = ?", (task_owner,)).fetchall()
-    finally:
-        con.close()
+    """The one task stored for `task_owner` (JSON columns decoded), or {}."""
+    rows = live.task_rows(owner=task_owner)
     assert len(rows) <= 1
-    return {k: (json.loads(rows[0][k]) if k in ("status", "artifacts") and rows[0][k] else rows[0][k])
-            for k in rows[0].keys()} if rows else {}
+    return rows[0] if rows else {}
 
 
 def _owner(mine: dict[str, str]) -> str:
@@ -687,10 +694,10 @@ def _owner(mine: dict[str, str]) -> str:
 
 
 def test_a_shutdown_during_settlement_lets_it_finish_and_stores_the_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, live_database: LiveDatabase,
 ) -> None:
-    env = {"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)}
-    live = start_server(tmp_path / "pw", env=env)
+    env, database = {"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)}, live_database.url()
+    live = live_database.start(tmp_path / "pw", env=env, database_url=database)
     wire, mine = V10, own_token()
     message = wire.message({"skill": "test-hooked", "input": HOOKED})
     try:
@@ -716,7 +723,8 @@ def test_a_shutdown_during_settlement_lets_it_finish_and_stores_the_result(
     assert MARKER in json.dumps(stored["artifacts"])
     assert receipt_of(stored)["transaction"] == row["tx_hash"]
 
-    again = start_server(tmp_path / "pw", env=env)  # the owner reads it back after the restart
+    # the owner reads it back after the restart
+    again = live_database.start(tmp_path / "pw", env=env, database_url=database)
     try:
         kept = creator_reads(again, wire, task["id"], mine, "completed")
         assert MARKER in result_text(kept) and receipt_of(kept)["transaction"] == row["tx_hash"]
@@ -725,9 +733,9 @@ def test_a_shutdown_during_settlement_lets_it_finish_and_stores_the_result(
 
 
 def test_a_shutdown_before_settlement_stops_the_call_and_charges_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, live_database: LiveDatabase,
 ) -> None:
-    live = start_server(tmp_path / "pw", env={"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)})
+    live = live_database.start(tmp_path / "pw", env={"PAYWIRE_RESOURCE_DIRS": str(TEST_RESOURCES)})
     wire, mine = V10, own_token()
     message = wire.message({"skill": "test-hooked", "input": HOOKED})
     payer = Account.from_key(live.devnet.keys.evm_payer).address
@@ -757,11 +765,11 @@ def test_a_shutdown_before_settlement_stops_the_call_and_charges_nothing(
 
 
 def test_a_stream_that_breaks_after_settlement_keeps_its_receipt_and_partial_result(
-    tmp_path: Path,
+    tmp_path: Path, live_database: LiveDatabase,
 ) -> None:
     upstream = OpenAIUpstream("openai").start()
     upstream.behaviour.chunks, upstream.behaviour.break_after = 6, 2
-    gateway = start_server(tmp_path / "pw", env={"OPENAI_BASE_URL": upstream.url,
+    gateway = live_database.start(tmp_path / "pw", env={"OPENAI_BASE_URL": upstream.url,
                                                  "OPENAI_API_KEY": "sk-test"})
     try:
         wire = V03

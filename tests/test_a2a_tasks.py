@@ -20,7 +20,7 @@ from agent.a2a_messages import X402_EXTENSION
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from tests.support.identity import siwx_header
-from tests.support.live_server import LiveDatabase, LiveServer
+from tests.support.live_server import CLIENT_TLS, LiveDatabase, LiveServer
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
 
 INPUT = {"text": "Whose task is this?", "model": "gpt-4o"}
@@ -41,12 +41,14 @@ def _send(server: LiveServer, headers: dict[str, str] | None = None, **message: 
            "parts": [{"kind": "data", "data": {"skill": "token-count-508", "input": INPUT}}],
            **message}
     return httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send",
-                                                 "params": {"message": msg}}, headers=headers or {})
+                                                 "params": {"message": msg}}, headers=headers or {},
+                      verify=CLIENT_TLS)
 
 
 def _get(server: LiveServer, task_id: str, headers: dict[str, str] | None = None) -> httpx.Response:
     return httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 2, "method": "tasks/get",
-                                                 "params": {"id": task_id}}, headers=headers or {})
+                                                 "params": {"id": task_id}}, headers=headers or {},
+                      verify=CLIENT_TLS)
 
 
 def _creator(task: dict[str, Any]) -> dict[str, str]:
@@ -168,7 +170,8 @@ def test_tasks_survive_a_restart_and_a_late_payment_is_refused(
 def _call(server: LiveServer, method: str, params: dict[str, Any],
           headers: dict[str, str] | None = None) -> dict[str, Any]:
     r = httpx.post(f"{server.url}/a2a", json={"jsonrpc": "2.0", "id": 9, "method": method,
-                                              "params": params}, headers=headers or {})
+                                              "params": params}, headers=headers or {},
+                   verify=CLIENT_TLS)
     assert r.status_code == 200 and "PAYMENT-REQUIRED" not in r.headers
     return r.json()
 

@@ -1,10 +1,12 @@
-"""The paid call end to end: a real server, the real x402 SDK, settlement on both devnet chains."""
+"""The paid call end to end: a real server, the real x402 SDK, settlement on both devnet chains;
+the ledger on SQLite and on PostgreSQL (`live_database`: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -14,7 +16,7 @@ from x402.http.clients.httpx import x402AsyncTransport
 from x402.schemas import PaymentRequiredV1
 
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
-from tests.support.live_server import LiveServer
+from tests.support.live_server import LiveDatabase, LiveServer
 from tests.support.paying import (
     EVM_NET,
     SOL_NET,
@@ -29,6 +31,15 @@ from tests.support.paying import (
 TOKEN_COUNT = "/v1/marketplace/api/token-count-508"
 BODY = {"text": "The quick brown fox jumps over the lazy dog.", "model": "gpt-4o"}
 PRICE = 5750  # 0.00575 USD in atomic USDC
+
+
+@pytest.fixture(scope="module")
+def server(live_database: LiveDatabase, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[LiveServer]:
+    """This module's gateway, one per database (in place of the session's SQLite `server`)."""
+    live = live_database.start(tmp_path_factory.mktemp("paid-call"))
+    yield live
+    live.stop()
 
 
 def _url(server: LiveServer, path: str = TOKEN_COUNT) -> str:
