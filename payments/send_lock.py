@@ -5,7 +5,9 @@ that each read the node's pending count and send would pick the same nonce, and 
 fails ("nonce too low"). paywire serialises the short step from reading the nonce to the node's
 answer on the send (two RPC round trips, never the receipt wait) under a lock:
 
-- `ProcessSendLock`: a thread lock (one process: SQLite deployments, the devnet);
+- `ProcessSendLock`: a thread lock (one process, e.g. an in-memory database);
+- `FileSendLock`: an exclusive `flock` on a file beside a SQLite ledger, for the processes of one
+  machine sharing that file (released by the kernel if the holder dies);
 - `PostgresSendLock`: a PostgreSQL session advisory lock keyed by chain and address, held on a
   connection of the ledger's own database, so every replica sharing that database takes turns.
   A replica that dies holding it loses its connection, and PostgreSQL releases the lock.
@@ -17,10 +19,12 @@ engine (`asyncio.run_coroutine_threadsafe`) while the thread waits.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Protocol
 
 from sqlalchemy import text
@@ -83,9 +87,28 @@ class PostgresSendLock:
             await conn.close()
 
 
+class FileSendLock:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._local = threading.Lock()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._local, open(self._path, "a+b") as handle:  # noqa: PTH123 - a lock file
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def send_lock_for(engine: AsyncEngine, loop: asyncio.AbstractEventLoop, name: str) -> SendLock:
-    """The lock replicas sharing `engine`'s database take turns on (a process lock on SQLite,
-    which one process uses)."""
+    """The lock replicas sharing `engine`'s database take turns on: PostgreSQL's advisory lock,
+    or a lock file beside a SQLite file (the processes sharing it are on one machine)."""
     if engine.dialect.name == "postgresql":
         return PostgresSendLock(engine, loop, name)
+    database = engine.url.database
+    if engine.dialect.name == "sqlite" and database and database != ":memory:":
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        return FileSendLock(Path(database).with_name(f"{Path(database).name}.send-{digest}.lock"))
     return ProcessSendLock()
