@@ -26,7 +26,7 @@ from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
 from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavailable
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
 from payments.leases import SettlementPolicy
-from payments.ledger import Ledger
+from payments.ledger import Ledger, sqlite_pragmas
 from payments.networks import lookup_network
 from payments.processor import PaymentProcessor, PayTo
 from payments.reconciler import Reconciler, chain_asker
@@ -133,17 +133,7 @@ def make_engine(url: str) -> AsyncEngine:
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, connect_args={"timeout": 30})
-
-        @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
-            # WAL lets readers run beside the one writer; busy_timeout queues writers
-            # instead of failing them under concurrent claims.
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
     return create_async_engine(url, pool_pre_ping=True)
 
@@ -395,6 +385,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         await processor.aclose()
         await upstreams.aclose()
         await resources.aclose()
+        ledger.close()
         await engine.dispose()
 
     async def health(request: Request) -> Response:

@@ -430,8 +430,12 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
     async def show(engine: AsyncEngine) -> str:
         await ensure_current(engine, create_if_empty=False)
-        return await report(Ledger(engine), state=args.state, events=args.events,
-                            limit=args.limit, as_json=args.json)
+        ledger = Ledger(engine)
+        try:
+            return await report(ledger, state=args.state, events=args.events,
+                                limit=args.limit, as_json=args.json)
+        finally:
+            ledger.close()
 
     try:
         settings = _db_settings(args)

@@ -56,7 +56,7 @@ from payments.processor import (
     payment_identifier,
 )
 from payments.reconciler import Reconciler
-from payments.settlement_outcome import SETTLEMENT_PENDING, NotMoved, Unknown, classify
+from payments.settlement_outcome import SETTLEMENT_PENDING, Moved, NotMoved, Unknown, classify
 from skills import wire_json
 from skills.errors import (
     SkillError,
@@ -187,6 +187,7 @@ def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
 
 RETRY_AFTER_SECONDS = 5  # how soon a call refused while payments are not ready may be tried again
 NOTE_TRANSACTION_AFTER_SECONDS = 1.0  # a settlement slower than this writes its transaction early
+RELEASE_RETRY_SECONDS = 600.0  # how long a known-unmoved settlement's release is retried
 
 # What a ledger that cannot be reached raises (a dropped or refused database connection).
 LEDGER_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
@@ -412,11 +413,20 @@ class Gateway:
                            f"with the same payment in {wait} s (it will not be charged twice)",
                            retry_after=wait)
         if state in (PaymentState.SETTLING, PaymentState.PENDING):
+            taken = False
             if row.lease_left(_utcnow()) <= 0 and self.reconciler is not None:
                 try:
-                    row = await self.reconciler.resolve(row) or row
+                    resolved = await self.reconciler.resolve(row)
                 except Exception as exc:  # noqa: BLE001 - the answer stays "pending"
                     log.warning("could not reconcile payment %s now: %s", row.id, type(exc).__name__)
+                    resolved = None
+                taken, row = resolved is not None, resolved or row
+            if (taken and verified_ok and row.state in (PaymentState.SETTLING, PaymentState.PENDING)
+                    and row.key == paid.identity.key.normalized()):
+                # The chain says it is still open, and the payer sent the same payment again
+                # (it still verifies): settle it again. One EIP-3009 nonce, one Solana signature:
+                # the chain takes it once, whichever broadcast lands.
+                return await self._settle_again(paid, row)
             if row.state == PaymentState.RELEASED:
                 if verified_ok or (await self._reverifies(paid)):
                     return await self._claim_and_run(paid)
@@ -431,6 +441,52 @@ class Gateway:
             return await self._redeliver(paid, row)
         return paid.demand("payment_already_used",
                            "this payment was already used; sign a new payment for this call")
+
+    async def _settle_again(self, paid: _Paid, row: PaymentRow) -> Outcome:
+        """Settle a payment whose earlier settlement's outcome is unknown (its replica died, or
+        its facilitator never answered) and which the chain says can still move. Only a success
+        counts: any refusal may mean the earlier broadcast landed meanwhile, so the row stays
+        pending for the reconciler."""
+        t = paid.t
+        try:
+            retaken = await self.ledger.retake_for_settlement(
+                row.id, owner=self.policy.owner, lease_seconds=self.policy.lease_seconds)
+        except LEDGER_ERRORS:
+            return _ledger_down(t)
+        if not retaken:
+            return self._pending(t, row.network, row.tx_hash, self.policy.pending_retry_seconds)
+        self.in_flight.add(row.id)
+        try:
+            with t.stage("settle"):
+                note = _TransactionNote(self.ledger, row.id)
+                trace = BroadcastTrace(on_transaction=note.noted)
+                token = current_trace.set(trace)
+                receipt: SettleResponse | None = None
+                error: BaseException | None = None
+                try:
+                    receipt = await _to_the_end(self.processor.settle(paid.matched))
+                except Exception as exc:  # noqa: BLE001 - classified below
+                    error = exc
+                finally:
+                    current_trace.reset(token)
+                    note.cancel()
+            verdict = classify(receipt, error, trace, traced=self.processor.traces_broadcasts)
+            if isinstance(verdict, Moved):
+                await self.ledger.mark_settled(row.id, verdict.transaction, delivered=False)
+                log.info("payment %s settled again by a retry of the same payment (%s)",
+                         row.id, verdict.transaction)
+                settled = await self.ledger.get(row.id)
+                if settled is not None:
+                    return await self._redeliver(paid, PaymentRow.of(settled))
+            reason = verdict.reason if not isinstance(verdict, Moved) else "settled"
+            await self.ledger.mark_pending(row.id, f"settled again: {reason}",
+                                           tx_hash=getattr(verdict, "transaction", None),
+                                           retry_in_seconds=self.policy.pending_retry_seconds,
+                                           states=(PaymentState.SETTLING,))
+            return self._pending(t, row.network, getattr(verdict, "transaction", None) or row.tx_hash,
+                                 self.policy.pending_retry_seconds)
+        finally:
+            self.in_flight.discard(row.id)
 
     async def _reverifies(self, paid: _Paid) -> bool:
         try:
@@ -480,14 +536,33 @@ class Gateway:
                        f"with the same payment in {wait} s to get the result (it will not be "
                        "charged twice)", retry_after=wait, receipt=receipt)
 
-    async def _release(self, row_id: str, reason: str, **kwargs: Any) -> None:
-        """Release a claim; if the ledger is down the claim's lease runs out and the reconciler
-        releases it."""
+    async def _release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
+        """Release a claim (True when the ledger wrote it); if the ledger is down the claim's
+        lease runs out and the reconciler releases it."""
         try:
             await self.ledger.release(row_id, reason, **kwargs)
+            return True
         except LEDGER_ERRORS as exc:
             log.warning("could not release payment %s (%s); its lease will run out",
                         row_id, type(exc).__name__)
+            return False
+
+    async def _release_when_possible(self, row_id: str, reason: str, tx_hash: str | None) -> None:
+        """A settling row this process knows moved nothing: release it once the ledger is back
+        (until its lease would have run out anyway and the reconciler takes over)."""
+        self.in_flight.add(row_id)  # keep the lease: the reconciler must not guess meanwhile
+        try:
+            delay, deadline = 0.5, asyncio.get_running_loop().time() + RELEASE_RETRY_SECONDS
+            while asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(delay)
+                try:
+                    await self.ledger.release(row_id, reason, states=(PaymentState.SETTLING,),
+                                              tx_hash=tx_hash)
+                    return
+                except LEDGER_ERRORS:
+                    delay = min(delay * 2, 10.0)
+        finally:
+            self.in_flight.discard(row_id)
 
     async def _undelivered_stream(self, outcome: Outcome, row_id: str,
                                   chunks: AsyncIterator[Any]) -> None:
@@ -593,8 +668,12 @@ class Gateway:
         verdict = classify(receipt, error, trace, traced=self.processor.traces_broadcasts)
         failpoints.reached("after_settle")
         if isinstance(verdict, NotMoved):
-            await self._release(row_id, verdict.reason, states=(PaymentState.SETTLING,),
-                                tx_hash=verdict.transaction)
+            if not await self._release(row_id, verdict.reason, states=(PaymentState.SETTLING,),
+                                       tx_hash=verdict.transaction):
+                # Nothing moved, but the ledger still says `settling`: the payment cannot be used
+                # again until it knows. Keep trying in the background; the payer retries later.
+                _detach(self._release_when_possible(row_id, verdict.reason, verdict.transaction))
+                return _ledger_down(t)
             reason = (receipt.error_reason if receipt is not None else None) or "settlement_failed"
             return paid.demand(reason, f"settlement failed ({reason}); the result is withheld and "
                                "nothing was charged; the same signed payment may be sent again",

@@ -43,6 +43,7 @@ import binascii
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -222,13 +223,16 @@ async def probe(
     tx_hash: str | None = None,
     log_lookback_blocks: int = DEFAULT_LOG_LOOKBACK_BLOCKS,
     max_history_pages: int = DEFAULT_MAX_HISTORY_PAGES,
+    now: float | None = None,
 ) -> Verdict:
     """Ask the chain what became of the settlement `chain_ref` describes.
 
     `tx_hash` is the ledger row's transaction id when one is known (EVM: a hint where to find the
     transaction; Solana: the signature, when `chain_ref` has none). `log_lookback_blocks` bounds
     the EVM log search for the transaction; `max_history_pages` bounds the Solana history search
-    (pages of 1,000 signatures) before it answers `StillOpen` instead of concluding.
+    (pages of 1,000 signatures) before it answers `StillOpen` instead of concluding. `now`
+    (default: this machine's clock) lets an EIP-3009 authorization expire on a chain that makes
+    no new block: see `CLOCK_SKEW_SECONDS`.
     """
     if not isinstance(chain_ref, Mapping):
         raise InvalidChainRef("chain_ref must be an object")
@@ -237,7 +241,8 @@ async def probe(
         ref = _Eip3009Ref.parse(chain_ref)
         hashes = [h for h in (tx_hash, chain_ref.get("tx_hash")) if h is not None]
         candidates = list(dict.fromkeys(_tx_hash(h) for h in hashes))
-        return await _probe_eip3009(ref, rpc, candidates, max(0, log_lookback_blocks))
+        return await _probe_eip3009(ref, rpc, candidates, max(0, log_lookback_blocks),
+                                    time.time() if now is None else now)
     if kind == "svm":
         svm = _SvmRef.parse(chain_ref)
         signature = svm.signature
@@ -280,7 +285,16 @@ class _Eip3009Ref:
         return "0x" + "00" * 12 + self.authorizer[2:]
 
 
-async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], lookback: int) -> Verdict:
+# A quiet chain makes no block, so its head's timestamp never reaches an authorization's
+# validBefore. The next block that could include it will be stamped with the time it is made:
+# once this machine's clock is past validBefore by more than any plausible difference between
+# the clocks (Base's sequencer and validators keep to real time within seconds), no block can
+# take it. An unused authorization is then as good as expired.
+CLOCK_SKEW_SECONDS = 120
+
+
+async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], lookback: int,
+                         now: float) -> Verdict:
     head = await rpc.call("eth_getBlockByNumber", ["latest", False])
     if not isinstance(head, dict):
         raise UnexpectedAnswer("eth_getBlockByNumber: no latest block")
@@ -292,6 +306,10 @@ async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], l
     if timestamp >= ref.valid_before:
         return CannotMove(f"authorization expired unused (validBefore {ref.valid_before}, "
                           f"block {block} at {timestamp})")
+    if now >= ref.valid_before + CLOCK_SKEW_SECONDS:
+        return CannotMove(f"authorization expired unused (validBefore {ref.valid_before}; the "
+                          f"clock is {now - ref.valid_before:.0f} s past it, block {block} at "
+                          f"{timestamp})")
     notes = [await _receipt_note(rpc, ref, h, block) for h in tx_hashes]
     return StillOpen("; ".join([f"authorization unused and valid until {ref.valid_before} "
                                 f"(block {block} at {timestamp})", *notes]))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,9 +26,22 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, true, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .ledger_schema import (
     UNFINISHED,
@@ -154,26 +169,105 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+SQLITE_LOCK_WAIT_SECONDS = 30.0  # how long a ledger write waits for another writer to finish
+
+
+def _inline_pragmas(dbapi_conn: Any, _record: Any = None) -> None:
+    sqlite_pragmas(dbapi_conn)
+    dbapi_conn.execute("PRAGMA busy_timeout=0")  # never block the event loop: see _write
+
+
+def _begin_immediate(conn: Connection) -> None:
+    """A write transaction takes SQLite's write lock at its start; a read (marked `reading`)
+    runs in autocommit, each statement on a WAL snapshot, taking no lock."""
+    if not conn.get_execution_options().get("reading"):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def sqlite_pragmas(dbapi_conn: Any, _record: Any = None) -> None:
+    """Every SQLite connection of paywire: WAL (readers beside the one writer), a 30 s busy
+    timeout (another process's writer holds the lock), and commits that do not fsync (WAL keeps
+    them atomic and durable across a process crash; a power cut may lose the last ones)."""
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+class _Inline:
+    """A stdlib SQLite connection behind the `await conn.execute(...)` of the async one: the
+    statement runs at once, on this thread, and its buffered result is returned."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, statement: Any, parameters: Any = None) -> Any:
+        return self._conn.execute(statement, parameters)
+
+
 class Ledger:
     """Async ledger over SQLAlchemy Core (a SQLite file by default, PostgreSQL for replicas)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
-        # SQLite has one writer at a time, and a connection that finds the file locked waits in
-        # SQLite's busy handler, whose sleeps grow to 100 ms: under load that is the latency
-        # tail. One process writes to a SQLite ledger, so its writers queue here instead (a fair
-        # FIFO, no sleeping); PostgreSQL's row locks need no such queue.
-        self._write_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        # SQLite: the ledger's statements run on the stdlib driver, on the calling thread (the
+        # event loop), not through aiosqlite. A small transaction takes ~0.1 ms there; through
+        # aiosqlite's thread hops and SQLAlchemy's async layer, ~1 ms of CPU (bench/README.md),
+        # and concurrent writers waited in SQLite's busy handler, whose sleeps grow to 100 ms.
+        # Run inline, a transaction cannot interleave with another of this process: one writer
+        # at a time, in arrival order. PostgreSQL keeps its async driver and row locks.
+        self._sync: Engine | None = None
+        if engine.dialect.name == "sqlite":
+            self._sync = create_engine(
+                engine.url.set(drivername="sqlite+pysqlite"),
+                connect_args={"timeout": 0, "check_same_thread": False, "isolation_level": None})
+            event.listen(self._sync, "connect", _inline_pragmas)
+            event.listen(self._sync, "begin", _begin_immediate)
+
+    def close(self) -> None:
+        """Close the stdlib connections a SQLite ledger holds (the async engine is the owner's)."""
+        if self._sync is not None:
+            self._sync.dispose()
 
     @contextlib.asynccontextmanager
-    async def _write(self) -> AsyncIterator[AsyncConnection]:
-        """A write transaction (committed on exit)."""
-        if self._write_lock is None:
+    async def _write(self) -> AsyncIterator[Any]:
+        """A write transaction, committed on exit. On SQLite it takes the write lock first
+        (BEGIN IMMEDIATE) without waiting in SQLite's busy handler, which would block the event
+        loop: the lock's holder may be an async transaction of this very process (the A2A task
+        store) that needs the loop to finish. Busy: yield to the loop and try again."""
+        if self._sync is None:
             async with self._engine.begin() as conn:
                 yield conn
             return
-        async with self._write_lock, self._engine.begin() as conn:
-            yield conn
+        delay, deadline = 0.0005, time.monotonic() + SQLITE_LOCK_WAIT_SECONDS
+        while True:
+            try:
+                transaction = self._sync.begin()
+                conn = transaction.__enter__()
+                break
+            except OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        try:
+            yield _Inline(conn)
+        except BaseException:
+            transaction.__exit__(*sys.exc_info())
+            raise
+        transaction.__exit__(None, None, None)
+
+    @contextlib.asynccontextmanager
+    async def _read(self) -> AsyncIterator[Any]:
+        if self._sync is None:
+            async with self._engine.connect() as conn:
+                yield conn
+            return
+        with self._sync.connect() as conn:
+            yield _Inline(conn.execution_options(reading=True))
 
     @property
     def engine(self) -> AsyncEngine:
@@ -245,7 +339,7 @@ class Ledger:
         was signed for it), else the row of this payment."""
         key = key.normalized()
         t = payments_table
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             row = None
             if payment_id is not None:
                 row = (await conn.execute(select(t).where(t.c.payment_id == payment_id))
@@ -324,12 +418,29 @@ class Ledger:
             log.info("payment %s -> settled (%s)", row_id, tx_hash)
         return done
 
+    async def retake_for_settlement(self, row_id: str, *, owner: str, lease_seconds: float) -> bool:
+        """A pending (or stale settling) row this owner holds goes back to settling: the same
+        payment is about to be settled again."""
+        now = _now()
+        t = payments_table
+        async with self._write() as conn:
+            result = await conn.execute(
+                update(t).where(and_(t.c.id == row_id, t.c.owner == owner, t.c.state.in_(
+                    (PaymentState.PENDING, PaymentState.SETTLING))))
+                .values(state=PaymentState.SETTLING, updated_at=now,
+                        lease_until=now + timedelta(seconds=lease_seconds)))
+            done = result.rowcount == 1
+        if done:
+            log.info("payment %s pending -> settling (settled again)", row_id)
+        return done
+
     async def mark_pending(self, row_id: str, reason: str, *, tx_hash: str | None,
-                           retry_in_seconds: float) -> bool:
+                           retry_in_seconds: float,
+                           states: tuple[PaymentState, ...] = (PaymentState.SETTLING,)) -> bool:
         """The outcome is not known: the reconciler may take the row in `retry_in_seconds`."""
         extra = {"tx_hash": tx_hash} if tx_hash else {}
         done = await self._transition(
-            row_id, (PaymentState.SETTLING,), state=PaymentState.PENDING, error=reason[:2000],
+            row_id, states, state=PaymentState.PENDING, error=reason[:2000],
             lease_until=_now() + timedelta(seconds=retry_in_seconds), **extra)
         if done:
             log.info("payment %s settling -> pending (%s; transaction %s)", row_id, reason,
@@ -371,7 +482,7 @@ class Ledger:
 
     async def stored_result(self, row_id: str) -> StoredResult | None:
         r = results_table
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             row = (await conn.execute(select(r).where(and_(
                 r.c.payment_row == row_id, r.c.expires_at > _now())))).mappings().first()
         return StoredResult(row["status"], row["media_type"], bytes(row["body"])) if row else None
@@ -441,11 +552,18 @@ class Ledger:
                 .returning(*t.c))).mappings().first()
         return PaymentRow.of(row) if row is not None else None
 
+    async def hand_back(self, row_id: str, *, owner: str) -> None:
+        """End this owner's lease on a row now (anyone may take it next)."""
+        t = payments_table
+        async with self._write() as conn:
+            await conn.execute(update(t).where(and_(t.c.id == row_id, t.c.owner == owner))
+                               .values(lease_until=_now()))
+
     async def expired(self, limit: int = 100) -> list[PaymentRow]:
         """Unfinished rows whose lease ran out, oldest first (the reconciler's work list)."""
         t = payments_table
         now = _now()
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             rows = (await conn.execute(
                 select(t).where(and_(t.c.state.in_(UNFINISHED),
                                      or_(t.c.lease_until.is_(None), t.c.lease_until < now)))
@@ -490,7 +608,7 @@ class Ledger:
         stmt = select(e).order_by(e.c.id.desc()).limit(limit)
         if row_id is not None:
             stmt = stmt.where(e.c.payment_row == row_id)
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             return [dict(r) for r in (await conn.execute(stmt)).mappings().all()]
 
     # -- reading -------------------------------------------------------------------------------
@@ -498,7 +616,7 @@ class Ledger:
     async def counts(self) -> dict[str, tuple[int, int]]:
         """Per state: how many payments, and their amount in atomic units."""
         t = payments_table
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             rows = (await conn.execute(
                 select(t.c.state, func.count(), func.coalesce(func.sum(t.c.amount_atomic), 0))
                 .group_by(t.c.state))).all()
@@ -507,7 +625,7 @@ class Ledger:
     async def unfinished(self, limit: int = 100) -> list[PaymentRow]:
         """Claimed, settling and pending payments, oldest first."""
         t = payments_table
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             rows = (await conn.execute(select(t).where(t.c.state.in_(UNFINISHED))
                                        .order_by(t.c.created_at).limit(limit))).mappings().all()
         return [PaymentRow.of(r) for r in rows]
@@ -518,12 +636,12 @@ class Ledger:
         stmt = select(t).order_by(t.c.created_at.desc()).limit(limit)
         if state is not None:
             stmt = stmt.where(t.c.state == state)
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
         return [PaymentRow.of(r) for r in rows]
 
     async def get(self, row_id: str) -> dict[str, Any] | None:
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             row = (
                 await conn.execute(select(payments_table).where(payments_table.c.id == row_id))
             ).mappings().first()
@@ -534,6 +652,6 @@ class Ledger:
         stmt = select(payments_table).order_by(payments_table.c.created_at)
         for name, value in filters.items():
             stmt = stmt.where(payments_table.c[name] == value)
-        async with self._engine.connect() as conn:
+        async with self._read() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
         return [dict(r) for r in rows]

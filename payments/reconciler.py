@@ -136,10 +136,15 @@ class Reconciler:
         else:
             assert isinstance(verdict, StillOpen)
             tally.still_open += 1
-            if row.state == PaymentState.SETTLING:  # its replica is gone: say so in the state
+            log.info("payment %s is %s and may still move: %s; asking again later (a retry of "
+                     "the same payment settles it again)", row.id, row.state, verdict.reason)
+            # Say so in the state, and hand the row back at once: a retry carrying the same
+            # payment may take it and settle it again; the next pass asks the chain again.
+            if row.state == PaymentState.SETTLING:
                 await self._ledger.mark_pending(row.id, f"still open: {verdict.reason}",
-                                                tx_hash=row.tx_hash,
-                                                retry_in_seconds=self._interval)
+                                                tx_hash=row.tx_hash, retry_in_seconds=0)
+            else:
+                await self._ledger.hand_back(row.id, owner=self._policy.owner)
 
     async def _resolve(self, row: PaymentRow, to: PaymentState, detail: str,
                        tx_hash: str | None = None) -> None:

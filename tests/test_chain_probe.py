@@ -39,6 +39,7 @@ from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentPayload, PaymentRequired, PaymentRequirements
 
 from payments.chain_probe import (
+    CLOCK_SKEW_SECONDS,
     CannotMove,
     HttpJsonRpc,
     InProcessRpc,
@@ -307,6 +308,22 @@ async def test_evm_authorization_expires_with_the_chain_clock(transport: str) ->
         verdict = await probe(ref, rpc)
     assert isinstance(verdict, CannotMove)
     assert verdict.reason.startswith(f"authorization expired unused (validBefore {ref['valid_before']}")
+
+
+async def test_evm_authorization_expires_by_the_clock_on_a_chain_that_makes_no_block(
+    evm_devnet: EvmDevnet,
+) -> None:
+    """No new block reaches validBefore on a quiet chain; the machine's clock, far enough past
+    it that no plausible block time could still be earlier, settles it."""
+    payer: LocalAccount = Account.create()
+    evm_devnet.mint(payer.address, EVM_FUNDS)
+    requirements = quote(USDC, Account.create().address, EVM_PRICE, max_timeout_seconds=300)
+    ref = chain_ref(await sign_payment(payer, requirements), requirements)
+    rpc = InProcessRpc(evm_devnet.rpc)
+    valid_before = int(ref["valid_before"])
+    assert isinstance(await probe(ref, rpc, now=valid_before + CLOCK_SKEW_SECONDS - 1), StillOpen)
+    verdict = await probe(ref, rpc, now=valid_before + CLOCK_SKEW_SECONDS)
+    assert isinstance(verdict, CannotMove) and "the clock is" in verdict.reason
 
 
 async def test_evm_no_token_at_the_address_is_no_answer(evm_devnet: EvmDevnet) -> None:

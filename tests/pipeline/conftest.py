@@ -80,4 +80,5 @@ async def pipeline(ledger_url: str) -> AsyncIterator[Pipeline]:
         yield built
     finally:
         await built.bookkeeping_done()
+        built.ledger.close()
         await engine.dispose()

@@ -22,9 +22,11 @@ from payments.processor import identify
 from skills.skill import Payload, SkillResult
 from tests.support.fake_upstream import FakeStream, chat_chunks
 from tests.support.scripted_facilitator import (
+    INSUFFICIENT_BALANCE,
     TRANSACTION_FAILED,
     BroadcastThenTimeout,
     NotBroadcast,
+    Raises,
     SettleFails,
 )
 
@@ -204,9 +206,10 @@ async def test_the_reconciler_settles_releases_and_leaves_open_what_the_chain_sa
     events = await pipeline.ledger.events()
     assert sorted((e["from_state"], e["to_state"]) for e in events) == [
         ("claimed", "released"), ("pending", "settled")]
-    # A second pass (another replica, or later) finds nothing to take while leases hold.
+    # A second pass (another replica, or later) asks again about the open one only: it was handed
+    # back at once (so a retry of its payment can settle it again); the others are finished.
     again = await pipeline.reconciler.run_once()
-    assert (again.settled, again.released, again.still_open) == (0, 0, 0)
+    assert (again.settled, again.released, again.still_open) == (0, 0, 1)
 
 
 def identify_for(pipeline: Pipeline, nonce: str) -> Any:
@@ -284,6 +287,64 @@ async def test_a_stream_cut_before_it_was_delivered_is_run_again_for_free(pipeli
     # Delivered now: a third ask gets no third run.
     third = await pipeline.call(MODEL, body, payment, stream=True)
     assert isinstance(third, PaymentDemanded) and third.reason == "payment_already_used"
+
+
+async def test_a_retry_settles_again_what_never_reached_the_chain(pipeline: Pipeline) -> None:
+    """The facilitator timed out before broadcasting (unknown to paywire); the replica's lease
+    ran out; the chain says the authorization is unused and valid. The payer's retry with the
+    same payment settles it again (once), and gets the result kept with the intent."""
+    runs = counted(pipeline)
+    pipeline.facilitator.script_settle(Raises(TimeoutError("facilitator did not answer")))
+    payment = await pipeline.pay("counted", BODY)
+    out = await pipeline.call("counted", BODY, payment)
+    assert isinstance(out, Refused) and out.code == "settlement_pending"
+    assert pipeline.facilitator.broadcasts == [] and (await pipeline.row())["state"] == "pending"
+    await pipeline.expire_leases()
+    again = await pipeline.call("counted", BODY, payment)
+    assert isinstance(again, Delivered) and again.result.body == {"run": 1, "echo": BODY}
+    assert again.receipt is not None and again.receipt.transaction == pipeline.facilitator.broadcasts[0]
+    assert len(runs) == 1 and pipeline.facilitator.settle_calls == 2
+    assert len(pipeline.facilitator.broadcasts) == 1
+    row = await pipeline.row()
+    assert row["state"] == "settled" and row["tx_hash"] == pipeline.facilitator.broadcasts[0]
+
+
+async def test_a_settle_again_that_is_refused_stays_pending(pipeline: Pipeline) -> None:
+    """A refusal when settling again may mean the first broadcast landed meanwhile: never
+    'nothing moved' then."""
+    pipeline.facilitator.script_settle(Raises(TimeoutError("no answer")),
+                                       SettleFails(INSUFFICIENT_BALANCE))
+    payment = await pipeline.pay("echo", BODY)
+    assert (await pipeline.call("echo", BODY, payment)).code == "settlement_pending"  # type: ignore[union-attr]
+    await pipeline.expire_leases()
+    again = await pipeline.call("echo", BODY, payment)
+    assert isinstance(again, Refused) and again.code == "settlement_pending"
+    assert (await pipeline.row())["state"] == "pending"
+
+
+async def test_a_release_the_ledger_could_not_write_is_not_answered_nothing_charged(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing moved, but the ledger is down: the payer is told to retry later (not "send it
+    again now"), and the release is written once the ledger is back."""
+    release = pipeline.ledger.release
+    failures = 1
+
+    async def flaky(*args: Any, **kwargs: Any) -> bool:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise OperationalError("UPDATE", {}, ConnectionRefusedError("database is down"))
+        return await release(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.ledger, "release", flaky)
+    pipeline.facilitator.script_settle(NotBroadcast())
+    payment = await pipeline.pay("echo", BODY)
+    out = await pipeline.call("echo", BODY, payment)
+    assert isinstance(out, Refused) and (out.status, out.code) == (503, "ledger_unavailable")
+    await pipeline.bookkeeping_done()  # the background release, once the ledger answers
+    assert (await pipeline.row())["state"] == "released"
+    assert isinstance(await pipeline.call("echo", BODY, payment), Delivered)
 
 
 async def test_states_are_the_documented_ones() -> None:

@@ -88,6 +88,7 @@ class LedgerReader:
 
     def close(self) -> None:
         try:
+            self.ledger.close()
             self.run(self._engine.dispose())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -129,6 +129,11 @@ class PostgresServer:
                 os.chown(path, self.user.pw_uid, self.user.pw_gid)
         self.run("initdb", "-D", str(self.data_dir), "-U", SUPERUSER, "-A", "trust", "-E", "UTF8",
                  "--locale=C", "--no-sync", "--no-instructions")
+        self._launch()
+        self.psql(f'CREATE DATABASE "{DATABASE}"', database="postgres")
+
+    def _launch(self) -> None:
+        """Start the server on its data directory and port; return once it accepts connections."""
         options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.socket_dir} "
                    "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
                    "-c max_connections=200")
@@ -140,13 +145,21 @@ class PostgresServer:
             ready = self.run("pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER,
                              "-d", "postgres", "-t", "1", check=False)
             if ready.returncode == 0:
-                self.psql(f'CREATE DATABASE "{DATABASE}"', database="postgres")
                 return
             if time.monotonic() > deadline:
                 self.stop()
                 raise PostgresUnavailable(f"PostgreSQL did not accept connections within "
                                           f"{START_DEADLINE_S:.0f}s{self._log_tail()}")
             time.sleep(0.05)
+
+    def halt(self) -> None:
+        """Stop the server as an operator or a failover would (`pg_ctl stop -m fast`: sessions are
+        cut, committed data is kept), until `resume`. For the fault-injection tests (tests/faults)."""
+        self.run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "30", "stop")
+
+    def resume(self) -> None:
+        """Start a halted server again: same data, same port (URLs handed out stay valid)."""
+        self._launch()
 
     def fresh_url(self) -> str:
         """A URL on which the test's tables start from nothing: a new login role and a schema of
