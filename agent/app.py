@@ -195,8 +195,9 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
     answers but is not a facilitator for the configured networks is a ConfigError."""
     if devnet is not None:
         evm_signer, svm_signer = devnet.signers()
+        # The devnet's chains compute in process: two threads (more only contend for the GIL).
         facilitator: Any = in_process_facilitator(
-            devnet.networks, evm_signer=evm_signer, svm_signer=svm_signer)
+            devnet.networks, evm_signer=evm_signer, svm_signer=svm_signer, workers=2)
         pay_to = devnet.pay_to()
     else:
         networks = list(settings.networks)

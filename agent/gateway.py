@@ -326,7 +326,7 @@ class Gateway:
         t = paid.t
         with t.stage("claim"):
             try:
-                claim = await _to_the_end(self.ledger.claim(ClaimRequest(
+                claiming = self.ledger.claim(ClaimRequest(
                     key=paid.identity.key,
                     amount_atomic=paid.atomic,
                     asset=paid.matched.requirement.asset,
@@ -334,8 +334,12 @@ class Gateway:
                     skill_id=paid.skill.id,
                     request_digest=paid.digest,
                     payment_id=paid.payment_id,
-                ), owner=self.policy.owner, lease_seconds=self.policy.lease_seconds),
-                    on_cancel=self._release_on_cancel)
+                ), owner=self.policy.owner, lease_seconds=self.policy.lease_seconds)
+                # A claim that committed must not be lost to a cancellation on its way back. An
+                # inline (SQLite) ledger cannot be interrupted after its commit, so it needs no
+                # task of its own for that.
+                claim = await (claiming if self.ledger.commits_inline else _to_the_end(
+                    claiming, on_cancel=self._release_on_cancel))
             except LEDGER_ERRORS as exc:
                 log.error("ledger unavailable at claim (%s); refused, nothing charged",
                           type(exc).__name__)
@@ -458,8 +462,8 @@ class Gateway:
         self.in_flight.add(row.id)
         try:
             with t.stage("settle"):
-                note = _TransactionNote(self.ledger, row.id)
-                trace = BroadcastTrace(on_transaction=note.noted)
+                trace = BroadcastTrace()
+                note = _TransactionNote(self.ledger, row.id, trace)
                 token = current_trace.set(trace)
                 receipt: SettleResponse | None = None
                 error: BaseException | None = None
@@ -653,8 +657,8 @@ class Gateway:
                                "this payment was taken over by another attempt; retry the identical "
                                "request with the same payment", retry_after=self.policy.pending_retry_seconds)
             failpoints.reached("after_intent")
-            note = _TransactionNote(self.ledger, row_id)
-            trace = BroadcastTrace(on_transaction=note.noted)
+            trace = BroadcastTrace()
+            note = _TransactionNote(self.ledger, row_id, trace)
             token = current_trace.set(trace)
             receipt: SettleResponse | None = None
             error: BaseException | None = None
@@ -737,28 +741,21 @@ class Gateway:
 
 class _TransactionNote:
     """Writes a settlement's transaction id to its row if the settlement takes longer than a
-    moment (the signer calls `noted` from its thread just before sending). A fast settlement
-    writes the id with its outcome instead, in one write."""
+    moment: a fast settlement writes the id with its outcome instead, in one write. The signer
+    notes the id in the trace from its thread; the timer reads it on the loop (no cross-thread
+    wake-up per settlement)."""
 
-    def __init__(self, ledger: Ledger, row_id: str) -> None:
-        self._ledger, self._row_id = ledger, row_id
-        self._loop = asyncio.get_running_loop()
-        self._handles: list[asyncio.TimerHandle] = []
-        self._done = False
+    def __init__(self, ledger: Ledger, row_id: str, trace: BroadcastTrace) -> None:
+        self._timer = asyncio.get_running_loop().call_later(
+            NOTE_TRANSACTION_AFTER_SECONDS, self._write, ledger, row_id, trace)
 
-    def noted(self, transaction: str) -> None:
-        self._loop.call_soon_threadsafe(self._schedule, transaction)
-
-    def _schedule(self, transaction: str) -> None:
-        if not self._done:
-            self._handles.append(self._loop.call_later(
-                NOTE_TRANSACTION_AFTER_SECONDS,
-                lambda: _detach(_quietly(self._ledger.note_transaction(self._row_id, transaction)))))
+    @staticmethod
+    def _write(ledger: Ledger, row_id: str, trace: BroadcastTrace) -> None:
+        if trace.transaction is not None:
+            _detach(_quietly(ledger.note_transaction(row_id, trace.transaction)))
 
     def cancel(self) -> None:
-        self._done = True
-        for handle in self._handles:
-            handle.cancel()
+        self._timer.cancel()
 
 
 @dataclass

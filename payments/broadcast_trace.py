@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextvars
 import enum
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -29,16 +28,12 @@ class BroadcastTrace:
     """One settlement's broadcast, written by a signer thread, read by the gateway after."""
 
     sent: Sent = Sent.NO
-    transaction: str | None = None
-    # Called from the signer's thread with the transaction id, just before it is sent.
-    on_transaction: Callable[[str], None] | None = None
+    transaction: str | None = None  # known just before it is sent
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def sending(self, transaction: str) -> None:
         with self._lock:
             self.transaction, self.sent = transaction, Sent.MAYBE
-        if self.on_transaction is not None:
-            self.on_transaction(transaction)
 
     def accepted(self) -> None:
         with self._lock:

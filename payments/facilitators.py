@@ -66,6 +66,7 @@ def in_process_facilitator(
     *,
     evm_signer: Any | None = None,
     svm_signer: Any | None = None,
+    workers: int = 32,
 ) -> ThreadedFacilitator:
     """The SDK's own facilitator, verifying and settling with our keys, off the event loop."""
     facilitator = x402FacilitatorSync()
@@ -82,7 +83,7 @@ def in_process_facilitator(
         if svm_signer is None:
             raise ValueError("a Solana network is configured but no Solana facilitator signer")
         register_exact_svm_facilitator(facilitator, svm_signer, networks=svm)
-    return ThreadedFacilitator(facilitator, evm_signer=evm_signer, svm_signer=svm_signer)
+    return ThreadedFacilitator(facilitator, workers, evm_signer=evm_signer, svm_signer=svm_signer)
 
 
 def rpc_signers(

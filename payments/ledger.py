@@ -30,6 +30,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     and_,
+    bindparam,
     create_engine,
     delete,
     event,
@@ -160,6 +161,30 @@ class AlreadyUsed(Exception):
 log = logging.getLogger("paywire.payments")
 
 
+# The hot path's statements, built once: a statement built per call costs ~0.2 ms of CPU in
+# SQLAlchemy (construction and cache-key generation), more than SQLite takes to run it.
+_P = payments_table
+_INSERT_PAYMENT = insert(_P)
+_INSERT_RESULT = insert(results_table)
+_BEGIN_SETTLEMENT = (
+    update(_P)
+    .where(and_(_P.c.id == bindparam("b_id"), _P.c.state == PaymentState.CLAIMED,
+                _P.c.owner == bindparam("b_owner")))
+    .values(state=PaymentState.SETTLING, chain_ref=bindparam("b_chain_ref"),
+            updated_at=bindparam("b_now"), lease_until=bindparam("b_lease")))
+_SETTLED = (
+    update(_P)
+    .where(and_(_P.c.id == bindparam("b_id"),
+                _P.c.state.in_((PaymentState.SETTLING, PaymentState.PENDING))))
+    .values(state=PaymentState.SETTLED, lease_until=None, error=None,
+            tx_hash=func.coalesce(bindparam("b_tx", type_=_P.c.tx_hash.type), _P.c.tx_hash),
+            updated_at=bindparam("b_now"), delivered_at=bindparam("b_delivered"),
+            latency_ms=func.coalesce(bindparam("b_latency", type_=_P.c.latency_ms.type),
+                                     _P.c.latency_ms),
+            usage=bindparam("b_usage", type_=_P.c.usage.type),
+            upstream_cost_usd=bindparam("b_cost", type_=_P.c.upstream_cost_usd.type)))
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -226,6 +251,12 @@ class Ledger:
                 connect_args={"timeout": 0, "check_same_thread": False, "isolation_level": None})
             event.listen(self._sync, "connect", _inline_pragmas)
             event.listen(self._sync, "begin", _begin_immediate)
+
+    @property
+    def commits_inline(self) -> bool:
+        """Each write runs to its commit without yielding to the event loop (SQLite): once it has
+        begun, no cancellation can come between the commit and the caller."""
+        return self._sync is not None
 
     def close(self) -> None:
         """Close the stdlib connections a SQLite ledger holds (the async engine is the owner's)."""
@@ -298,7 +329,7 @@ class Ledger:
         }
         try:
             async with self._write() as conn:
-                await conn.execute(insert(payments_table).values(**values))
+                await conn.execute(_INSERT_PAYMENT, values)
             log.info("payment %s claimed (%s on %s)", row_id, req.skill_id, key.network)
             return Claimed(row_id)
         except IntegrityError:
@@ -368,22 +399,18 @@ class Ledger:
         """The intent, written before anything is broadcast: claimed -> settling, with what
         identifies the on-chain action and the result a retry would get. False: the claim is no
         longer this owner's (its lease ran out and the row was taken): nothing may be settled."""
-        t = payments_table
         now = _now()
         async with self._write() as conn:
-            moved = await conn.execute(
-                update(t)
-                .where(and_(t.c.id == row_id, t.c.state == PaymentState.CLAIMED, t.c.owner == owner))
-                .values(state=PaymentState.SETTLING, chain_ref=chain_ref, updated_at=now,
-                        lease_until=now + timedelta(seconds=lease_seconds)))
+            moved = await conn.execute(_BEGIN_SETTLEMENT, {
+                "b_id": row_id, "b_owner": owner, "b_chain_ref": chain_ref, "b_now": now,
+                "b_lease": now + timedelta(seconds=lease_seconds)})
             if moved.rowcount != 1:
                 return False
-            if result is not None:
-                await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
-                await conn.execute(insert(results_table).values(
-                    payment_row=row_id, status=result.status, media_type=result.media_type,
-                    body=result.body, created_at=now,
-                    expires_at=now + timedelta(seconds=keep_result_seconds)))
+            if result is not None:  # (every way out of settling without settling deletes it)
+                await conn.execute(_INSERT_RESULT, {
+                    "payment_row": row_id, "status": result.status,
+                    "media_type": result.media_type, "body": result.body, "created_at": now,
+                    "expires_at": now + timedelta(seconds=keep_result_seconds)})
         log.info("payment %s claimed -> settling", row_id)
         return True
 
@@ -404,16 +431,12 @@ class Ledger:
         trip on the hot path). `delivered`: the result was handed to the caller (a stream's is
         recorded when it ends)."""
         now = _now()
-        extra: dict[str, Any] = {}
-        if latency_ms is not None:
-            extra = {"latency_ms": latency_ms, "usage": usage, "upstream_cost_usd": upstream_cost_usd}
-        if delivered:
-            extra["delivered_at"] = now
-        if tx_hash:
-            extra["tx_hash"] = tx_hash
-        done = await self._transition(
-            row_id, (PaymentState.SETTLING, PaymentState.PENDING), state=PaymentState.SETTLED,
-            lease_until=None, error=None, **extra)
+        async with self._write() as conn:
+            result = await conn.execute(_SETTLED, {
+                "b_id": row_id, "b_tx": tx_hash or None, "b_now": now,
+                "b_delivered": now if delivered else None, "b_latency": latency_ms,
+                "b_usage": usage, "b_cost": upstream_cost_usd})
+            done = result.rowcount == 1
         if done:
             log.info("payment %s -> settled (%s)", row_id, tx_hash)
         return done

@@ -72,10 +72,12 @@ class ThreadedFacilitator:
 
     Its EVM and SVM schemes make blocking chain calls; running them on worker threads keeps the
     event loop serving other requests while a settlement is being mined. Each call runs in a copy
-    of the caller's context, so the signers see the settlement's `BroadcastTrace`.
+    of the caller's context, so the signers see the settlement's `BroadcastTrace`. Over RPC the
+    threads mostly wait (for a node, a receipt): many of them. On the in-process devnet they
+    compute and contend for the GIL: two of them (bench/README.md).
     """
 
-    def __init__(self, facilitator: x402FacilitatorSync, workers: int = 8, *,
+    def __init__(self, facilitator: x402FacilitatorSync, workers: int = 32, *,
                  evm_signer: Any | None = None, svm_signer: Any | None = None) -> None:
         self._facilitator = facilitator
         self._evm_signer, self._svm_signer = evm_signer, svm_signer
