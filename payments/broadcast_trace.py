@@ -11,9 +11,11 @@ before it sends and whether the node accepted it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import enum
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -53,3 +55,21 @@ current_trace: contextvars.ContextVar[BroadcastTrace | None] = contextvars.Conte
 def trace() -> BroadcastTrace | None:
     """The trace of the settlement this thread works for (None outside a traced settle)."""
     return current_trace.get()
+
+
+@contextlib.contextmanager
+def broadcasting(transaction: str, refusal: type[BaseException]) -> Iterator[None]:
+    """Around one send by a signer: the id first, then accepted, or refused when the node
+    answered with `refusal` (an error answer: the transaction is in no pool). Anything else
+    that escapes leaves it "maybe sent"."""
+    traced = trace()
+    if traced is not None:
+        traced.sending(transaction)
+    try:
+        yield
+    except refusal:
+        if traced is not None:
+            traced.refused()
+        raise
+    if traced is not None:
+        traced.accepted()

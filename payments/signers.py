@@ -31,7 +31,7 @@ from x402.mechanisms.evm.signers import FacilitatorWeb3Signer
 from x402.mechanisms.svm.signers import FacilitatorKeypairSigner
 
 from . import failpoints
-from .broadcast_trace import trace
+from .broadcast_trace import broadcasting
 from .send_lock import ProcessSendLock, SendLock
 
 
@@ -66,23 +66,14 @@ class ResilientFacilitatorWeb3Signer(FacilitatorWeb3Signer):
             if isinstance(calldata, bytes | bytearray):
                 calldata = "0x" + bytes(calldata).hex()
             tx["data"] = append_data_suffix(calldata, data_suffix)
-        traced = trace()
         with self._lock().held():
             # The node's pending count, read under the lock: every earlier send (any replica's)
             # was accepted or refused by now, so the nonce is the next free one.
             tx["nonce"] = self._w3.eth.get_transaction_count(self._account.address, "pending")
             signed = self._account.sign_transaction(tx)
             tx_hash = "0x" + bytes(signed.hash).hex()
-            if traced is not None:
-                traced.sending(tx_hash)
-            try:
+            with broadcasting(tx_hash, Web3RPCError):
                 self._w3.eth.send_raw_transaction(signed.raw_transaction)
-            except Web3RPCError:
-                if traced is not None:  # the node answered with an error: it keeps nothing
-                    traced.refused()
-                raise
-        if traced is not None:
-            traced.accepted()
         failpoints.reached("after_broadcast")
         return tx_hash
 
@@ -102,18 +93,9 @@ class StrictFacilitatorKeypairSigner(FacilitatorKeypairSigner):
         return str(keypair.sign_message(to_bytes_versioned(tx.message))) if keypair else None
 
     def send_transaction(self, tx_base64: str, network: str) -> str:
-        traced = trace()
-        if traced is not None:
-            tx = VersionedTransaction.from_bytes(base64.b64decode(tx_base64))
-            traced.sending(str(tx.signatures[0]))
-        try:
+        tx = VersionedTransaction.from_bytes(base64.b64decode(tx_base64))
+        with broadcasting(str(tx.signatures[0]), RPCException):
             signature = super().send_transaction(tx_base64, network)
-        except RPCException:
-            if traced is not None:  # the node answered with an error: it keeps nothing
-                traced.refused()
-            raise
-        if traced is not None:
-            traced.accepted()
         failpoints.reached("after_broadcast")
         return signature
 

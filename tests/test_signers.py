@@ -1,22 +1,37 @@
-"""paywire's fixes on the SDK's production signers."""
+"""paywire's fixes on the SDK's production signers: the nonce is the node's, read under the send
+lock (a refused send leaves no gap), and every send is traced for the settlement's verdict."""
 
 from __future__ import annotations
 
 import pytest
 from eth_account import Account
+from web3.exceptions import Web3RPCError
 
+from payments.broadcast_trace import BroadcastTrace, Sent, current_trace
 from payments.devnet.evm import EvmDevnet, _DevnetFacilitatorSigner, load_artifact
 
 
-def test_a_failed_write_forgets_the_reserved_nonce_so_later_settlements_do_not_stall() -> None:
+def test_a_refused_send_leaves_no_nonce_gap_and_is_traced_as_not_sent() -> None:
     devnet = EvmDevnet(facilitator_key=Account.create().key.hex(),
                        minter_key=Account.create().key.hex())
-    broke = Account.create()  # no ETH: the broadcast fails after a nonce was reserved
+    broke = Account.create()  # no ETH: the node refuses the transaction
     signer = _DevnetFacilitatorSigner(broke.key.hex(), devnet)
     abi = load_artifact()["abi"]
-    with pytest.raises(Exception):  # noqa: B017 - whatever the node says about gas funds
-        signer.write_contract(EvmDevnet.USDC_ADDRESS, abi, "transfer", broke.address, 0)
-    assert signer._next_nonce is None  # the cursor is dropped, not left one past the gap
+    refused = BroadcastTrace()
+    token = current_trace.set(refused)
+    try:
+        with pytest.raises(Web3RPCError):
+            signer.write_contract(EvmDevnet.USDC_ADDRESS, abi, "transfer", broke.address, 0)
+    finally:
+        current_trace.reset(token)
+    # the id was known before the send; the node's error answer means it is in no pool
+    assert refused.sent is Sent.NO and refused.transaction is not None
     devnet.fund_gas(broke.address, 10**18)
-    tx = signer.write_contract(EvmDevnet.USDC_ADDRESS, abi, "transfer", broke.address, 0)
-    assert signer.wait_for_transaction_receipt(tx).status == 1
+    accepted = BroadcastTrace()
+    token = current_trace.set(accepted)
+    try:
+        tx = signer.write_contract(EvmDevnet.USDC_ADDRESS, abi, "transfer", broke.address, 0)
+    finally:
+        current_trace.reset(token)
+    assert signer.wait_for_transaction_receipt(tx).status == 1  # nonce 0: no gap was left
+    assert accepted.sent is Sent.YES and accepted.transaction == tx
