@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -267,6 +268,21 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
     return routes, (store, handler)
 
 
+async def initialize_task_store(task_store: Any, attempts: int = 3) -> None:
+    """Create the a2a SDK's `tasks` table if it is missing. The SDK checks, then creates: two
+    replicas starting together on a new database both see no table, and the second CREATE fails
+    (PostgreSQL: a unique violation on pg_type; SQLite: "already exists"). The table is there
+    then, so asking again passes."""
+    for attempt in range(1, attempts + 1):
+        try:
+            await task_store.initialize()
+            return
+        except DBAPIError:
+            if attempt == attempts:
+                raise
+            log.info("the a2a task table was created by another process meanwhile; checking again")
+
+
 READINESS_TIMEOUT_SECONDS = 3.0
 _CHAIN_PING = {"evm": ("eth_blockNumber", []), "svm": ("getSlot", [])}
 
@@ -361,7 +377,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         # The ledger's schema must be this paywire's (an empty database is created at head);
         # `paywire serve` checks first, so an outdated one stops it with one line, not this.
         await ensure_current(engine)
-        await task_store.initialize()  # the a2a SDK's `tasks` table: its own, not migrated
+        await initialize_task_store(task_store)  # the a2a SDK's `tasks` table: not migrated
         asking = None if processor.ready else asyncio.create_task(
             processor.keep_starting(max_delay=settings.facilitator_retry_max_seconds))
         # Replicas sharing a database take turns sending from a shared facilitator key.
