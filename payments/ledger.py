@@ -245,10 +245,6 @@ class Ledger:
         # Run inline, a transaction cannot interleave with another of this process: one writer
         # at a time, in arrival order. PostgreSQL keeps its async driver and row locks.
         self._sync: Engine | None = None
-        # PostgreSQL: the same pool, its connections in autocommit, for single statements.
-        self._autocommit: AsyncEngine | None = (
-            engine.execution_options(isolation_level="AUTOCOMMIT")
-            if engine.dialect.name == "postgresql" else None)
         if engine.dialect.name == "sqlite":
             self._sync = create_engine(
                 engine.url.set(drivername="sqlite+pysqlite"),
@@ -296,17 +292,6 @@ class Ledger:
         transaction.__exit__(None, None, None)
 
     @contextlib.asynccontextmanager
-    async def _write_one(self) -> AsyncIterator[Any]:
-        """A write of one statement: on PostgreSQL in autocommit (one round trip instead of
-        BEGIN, the statement, COMMIT); on SQLite as any write."""
-        if self._autocommit is None:
-            async with self._write() as conn:
-                yield conn
-            return
-        async with self._autocommit.connect() as conn:
-            yield conn
-
-    @contextlib.asynccontextmanager
     async def _read(self) -> AsyncIterator[Any]:
         if self._sync is None:
             async with self._engine.connect() as conn:
@@ -343,7 +328,7 @@ class Ledger:
             "created_at": now, "updated_at": now,
         }
         try:
-            async with self._write_one() as conn:
+            async with self._write() as conn:
                 await conn.execute(_INSERT_PAYMENT, values)
             log.info("payment %s claimed (%s on %s)", row_id, req.skill_id, key.network)
             return Claimed(row_id)
@@ -446,7 +431,7 @@ class Ledger:
         trip on the hot path). `delivered`: the result was handed to the caller (a stream's is
         recorded when it ends)."""
         now = _now()
-        async with self._write_one() as conn:
+        async with self._write() as conn:
             result = await conn.execute(_SETTLED, {
                 "b_id": row_id, "b_tx": tx_hash or None, "b_now": now,
                 "b_delivered": now if delivered else None, "b_latency": latency_ms,
