@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from jsonschema.exceptions import best_match, relevance
 
 from .errors import SkillInputError
 
@@ -117,9 +117,9 @@ class Skill:
         the resolved Operation (the pipeline resolves it once) or its name."""
         # a model's schema is just {"type": "object"}: its operation's validator does the work
         trivial = self._any_object and isinstance(payload, dict)
-        error = None if trivial else best_match(self._schema.iter_errors(payload))
+        error = None if trivial else best_match(self._schema.iter_errors(payload), key=_field_first)
         if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or None
+            where = _field_of(error)
             raise SkillInputError(_schema_message(error, where), field=where)
         op = operation if isinstance(operation, Operation) else self.operation(operation)
         if op.validator is not None:
@@ -139,6 +139,28 @@ _LIMITS = {  # messages that would otherwise quote the whole offending value bac
     "maxProperties": "has more than {} fields",
 }
 _MESSAGE_CHARS = 500
+
+
+def _field_first(error: Any) -> tuple[Any, ...]:
+    """A wrong value the caller sent is reported before what is missing around it: `{"text": 5}`
+    gets "field 'text': 5 is not of type 'string'", not "'model' is a required property" (the
+    highest key wins; jsonschema's own relevance breaks ties)."""
+    sent = error.validator not in ("required", "dependentRequired", "dependencies")
+    return (sent, *relevance(error))
+
+
+def _field_of(error: Any) -> str | None:
+    """The offending field's dotted path; a missing or unexpected property's own path (not its
+    parent object's)."""
+    path = [str(p) for p in error.absolute_path]
+    named: list[str] = []
+    if isinstance(error.instance, dict):
+        if error.validator == "required":
+            named = [name for name in error.validator_value if name not in error.instance]
+        elif error.validator == "additionalProperties" and isinstance(error.schema, dict):
+            known = error.schema.get("properties", {})
+            named = [str(k) for k in error.instance if k not in known]
+    return ".".join(path + named[:1]) or None
 
 
 def _schema_message(error: Any, where: str | None) -> str:

@@ -610,6 +610,10 @@ def test_a_cancel_during_in_band_settlement_is_refused_and_the_paid_result_is_ke
             assert "runs to the end" in refused.json()["error"]["message"]
         for _, headers in strangers(server):
             assert error_code(rpc(server, wire, wire.cancel, {"id": pending["id"]}, headers)) == -32001
+        # The SDK stores the `working` status from its event queue, after the executor emitted
+        # it: on PostgreSQL that write may still be on its way when settlement begins.
+        wait_for(lambda: rpc(server, wire, wire.get, {"id": pending["id"]}, mine).json()[
+            "result"]["status"]["state"] == wire.state("working"), "the stored task to be working")
         creator_reads(server, wire, pending["id"], mine, "working")
         release.set()
         paying.join(60)

@@ -172,7 +172,7 @@ def test_an_unsafe_prompt_is_400_before_the_quote_and_never_reaches_the_model(
 
 
 @pytest.mark.parametrize(("body", "param", "named"), [
-    ({"style": "photo"}, None, "'prompt' is a required property"),  # the schema names no field
+    ({"style": "photo"}, "prompt", "'prompt' is a required property"),
     ({"prompt": "   "}, "prompt", "field 'prompt' is required"),
     ({"prompt": "p" * (MAX_PROMPT_CHARS + 1)}, "prompt", "is longer than 600 characters"),
     ({"prompt": "pizza", "size": "256x256"}, "size", "is not one of"),
@@ -181,7 +181,7 @@ def test_an_unsafe_prompt_is_400_before_the_quote_and_never_reaches_the_model(
     ({"prompt": "pizza", "n": 2}, "n", "1 was expected"),
     ({"prompt": "pizza", "cuisine": "Italian (no text)"}, "cuisine", "a few words"),
     ({"prompt": "pizza", "cuisine": "y" * 41}, "cuisine", "is longer than 40 characters"),
-    ({"prompt": "pizza", "colour": "red"}, None, "'colour' was unexpected"),  # refused, not ignored
+    ({"prompt": "pizza", "colour": "red"}, "colour", "'colour' was unexpected"),  # refused, not ignored
 ])
 def test_bad_input_is_400_before_the_quote(gateway: LiveServer, upstream: OpenAIUpstream,
                                             body: dict[str, Any], param: str | None, named: str) -> None:

@@ -299,12 +299,18 @@ def test_malformed_payment_headers_get_400_naming_the_header(
     assert err["param"] == name and needle in err["message"] and name in err["message"]
 
 
-def test_bad_input_is_refused_before_any_quote(server: LiveServer) -> None:
+def test_bad_input_is_refused_before_any_quote_naming_the_field(server: LiveServer) -> None:
     r = httpx.post(_url(server), json={"text": "hi"})
     assert r.status_code == 400 and "PAYMENT-REQUIRED" not in r.headers
-    assert "model" in r.json()["error"]["message"]
+    error = r.json()["error"]
+    assert error["param"] == "model" and "'model' is a required property" in error["message"]
     r = httpx.post(_url(server), json={"txt": "hi", "model": "gpt-4o"})
     assert r.status_code == 400 and "txt" in r.json()["error"]["message"]
+    # a wrong value is named before what is missing beside it
+    r = httpx.post(_url(server), json={"text": 5})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "text", error
+    assert error["message"] == "field 'text': 5 is not of type 'string'"
 
 
 @pytest.mark.parametrize(
