@@ -161,6 +161,10 @@ def test_the_checker_explains_kind_problems() -> None:
     assert check_resource({**SHOUT, "handler": "tests.support.hooked_resources:nothing"}) == [
         "field 'handler' 'tests.support.hooked_resources:nothing' cannot be loaded: "
         "module 'tests.support.hooked_resources' has no 'nothing'"]
+    # a plain function would be called and its result awaited on every paid call: refused here
+    assert check_resource({**SHOUT, "handler": "json:dumps"}) == [
+        "field 'handler' 'json:dumps': run must be a coroutine function (`async def "
+        "run(payload)`); a plain function would fail every paid call"]
 
 
 @pytest.fixture

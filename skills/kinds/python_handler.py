@@ -3,7 +3,10 @@
 `handler` is either a module (or `module:object`) exposing `run` and optionally
 `validate(payload[, context])`, `stream(payload[, context])` and `ready(context)`, or
 `module:function` naming the run function alone. `run(payload)` or `run(payload, context)` (a
-ResourceContext: environment, HTTP session, models) returns a JSON-able object or a SkillResult.
+ResourceContext: environment, HTTP session, models) is an `async def` returning a JSON-able
+object or a SkillResult. The module is imported by name, so it must be importable by the
+gateway's Python: an installed package, or a folder on `PYTHONPATH` (a resource folder named by
+PAYWIRE_RESOURCE_DIRS is not put on the path).
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ def check(data: dict[str, Any]) -> list[str]:
     if not isinstance(handler, str) or not handler:
         return ["kind 'python' needs field 'handler': 'package.module' or 'package.module:function'"]
     try:
-        load(handler)
+        function, _hooks = load(handler)
     except Exception as exc:  # noqa: BLE001 - explain any import problem to the author
         return [f"field 'handler' {handler!r} cannot be loaded: {exc}"]
+    if not inspect.iscoroutinefunction(function):
+        return [f"field 'handler' {handler!r}: run must be a coroutine function (`async def "
+                "run(payload)`); a plain function would fail every paid call"]
     return []
 
 
