@@ -142,7 +142,7 @@ def test_a_rejected_operator_key_is_a_502_naming_the_key_and_free(
 
 @pytest.mark.parametrize(("resource", "body", "param"), [
     ("v1beta1-tgm-historical-token-quant-scores", {"chain": "ethereum", "token_address": "0x1"},
-     None),  # missing as_of_date
+     "as_of_date"),  # missing
     ("v1beta1-tgm-historical-token-quant-scores",
      {"as_of_date": "30/06/2025", "chain": "ethereum", "token_address": "0x1"}, "as_of_date"),
     ("v1beta1-token-screener-historical", {"to_date": "2025-06-30", "timeframe_days": 400,
@@ -151,12 +151,12 @@ def test_a_rejected_operator_key_is_a_502_naming_the_key_and_free(
                                             "timeframe": "2d"}, "timeframe"),
 ])
 def test_bad_input_is_refused_before_the_quote(gateway: LiveServer, nansen: NansenUpstream,
-                                               resource: str, body: dict, param: str | None) -> None:
+                                               resource: str, body: dict, param: str) -> None:
     r = httpx.post(_url(gateway, resource), json=body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param
-    assert (param or "as_of_date") in error["message"]
+    assert param in error["message"]
     assert nansen.behaviour.requests == []
 
 
