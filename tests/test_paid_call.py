@@ -98,6 +98,16 @@ def test_paid_call_settles_on_devnet_and_returns_result_and_receipt(
     [row] = [x for x in server.ledger_rows(tx_hash=rec["transaction"])]
     assert row["state"] == "settled" and row["amount_atomic"] == PRICE
     assert row["skill_id"] == "token-count-508" and row["network"] == network
+    # The intent named the on-chain action before anything was sent: the authorization it
+    # consumed, or the very transaction id that landed (computed ahead from the fee payer's key).
+    ref = row["chain_ref"]
+    if network == EVM_NET:
+        assert ref["kind"] == "eip3009" and ref["from"] == payer.lower() and ref["nonce"] == row["nonce"]
+        assert ref["value"] == str(PRICE) and int(ref["valid_before"]) > int(ref["valid_after"])
+    else:
+        assert ref["kind"] == "svm" and ref["signature"] == rec["transaction"]
+        assert ref["message_hash"] == row["nonce"] and ref["blockhash"]
+    assert row["delivered_at"] is not None and row["owner"] and row["lease_until"] is None
 
 
 def test_official_x402_httpx_client_pays_with_v2_payment_signature(server: LiveServer) -> None:
