@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: serve test lint clean postgres
+.PHONY: serve test lint clean postgres nginx chromium
 
 # `make serve` runs the local devnet: the optional extra paywire[devnet] (py-evm, eth-tester).
 # A production install is `pip install .`, without it. The test extra includes it.
@@ -28,10 +28,30 @@ postgres:
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    postgresql >/dev/null; }
 
+# tests/test_operator_page.py drives Debian's `chromium` with Playwright (the python package only:
+# never `playwright install`, which downloads a browser build); installed here when missing.
+chromium:
+	@test -x /usr/bin/chromium || { \
+	  echo "make: installing Chromium for the tests (apt-get install chromium)"; \
+	  sudo=; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    chromium >/dev/null; }
+
+# tests/test_deploy_layout.py runs deploy/nginx/paywire.conf in Debian's nginx (its own prefix,
+# loopback ports, never the system's service), installed here when missing.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+	  echo "make: installing nginx for the tests (apt-get install nginx)"; \
+	  sudo=; [ "$$(id -u)" -eq 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    nginx >/dev/null; }
+
 serve: $(VENV)/.installed
 	$(VENV)/bin/paywire serve
 
-test: $(VENV)/.test-installed postgres
+test: $(VENV)/.test-installed postgres nginx chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

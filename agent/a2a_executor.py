@@ -93,6 +93,7 @@ class HttpPaymentScope:
 OWNER_STATE = "paywire_owner"  # who owns the tasks this call creates: `wallet:..` or `token:<sha256>`
 PAYMENT_STATE = "paywire_http_payment"  # the HttpPaymentScope of the HTTP request
 PRINCIPALS_STATE = "paywire_principals"  # every identity the caller proved; reads match any of them
+CLIENT_STATE = "paywire_client"  # the caller's address (per-client limits)
 NOBODY = "nobody"  # the owner of a call that proved nothing (it can only read nothing)
 # Headers that prove or pay: dropped from the SDK's call context (its DEBUG logs print contexts).
 SECRET_HEADERS = ("authorization", "cookie", "paywire-task-token", "sign-in-with-x",
@@ -111,6 +112,7 @@ class OwnerContextBuilder(DefaultServerCallContextBuilder):
         context.state[OWNER_STATE] = getattr(request.state, OWNER_STATE, NOBODY)
         context.state[PRINCIPALS_STATE] = tuple(getattr(request.state, PRINCIPALS_STATE, ()))
         context.state[PAYMENT_STATE] = getattr(request.state, PAYMENT_STATE, None)
+        context.state[CLIENT_STATE] = request.client.host if request.client is not None else None
         return context
 
 
@@ -123,6 +125,13 @@ def task_owner(context: ServerCallContext) -> str:
 def caller_principals(context: ServerCallContext) -> tuple[str, ...]:
     """Every identity the caller proved: it may read a task owned by, or paid by, any of them."""
     return tuple(context.state.get(PRINCIPALS_STATE, ()))
+
+
+def caller_address(context: RequestContext) -> str | None:
+    """The caller's address (OwnerContextBuilder copies it from the request)."""
+    state = context.call_context.state if context.call_context else {}
+    found = state.get(CLIENT_STATE)
+    return found if isinstance(found, str) else None
 
 
 def http_scope(context: RequestContext) -> HttpPaymentScope | None:
@@ -262,7 +271,7 @@ class PaywireExecutor(AgentExecutor):
             await updater.start_work()
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
-            stream=True, operation=call.operation))
+            stream=True, operation=call.operation, client=caller_address(context)))
         await self._finish(updater, outcome, scope, paid_attempt=payment is not None)
 
     async def _pay_pending(self, context: RequestContext, event_queue: _Recorder, task: Task,
@@ -294,7 +303,7 @@ class PaywireExecutor(AgentExecutor):
         outcome = await self.gateway.call(CallRequest(
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
             payment=Payment.from_object(payload, PAYLOAD_KEY), stream=True,
-            operation=request.get("operation")))
+            operation=request.get("operation"), client=caller_address(context)))
         await self._finish(updater, outcome, http_scope(context), paid_attempt=True)
 
     async def _finish(self, updater: TaskUpdater, outcome: Outcome, scope: HttpPaymentScope | None,

@@ -4,7 +4,8 @@
   instead of being rejected with -32009.
 - An unpaid `message/send` / `SendMessage` (or streaming) for a paid skill, from a client that
   did not activate the a2a-x402 extension, gets HTTP 402 with the same quote as REST, so a plain
-  x402 HTTP client pays for an A2A call by retrying the identical request with a payment header.
+  x402 HTTP client pays for an A2A call by retrying the identical request with a payment header
+  (HTTP 429 instead when its client address is out of quotes, 503 when the skill is switched off).
 - Who is calling (a task is readable, listable and cancelable only by its creator, and by the
   wallet that paid for it; see `a2a_tasks`): a `SIGN-IN-WITH-X` header (x402's CAIP-122 wallet
   proof for this origin) proves a wallet; a task token proves its holder. The token comes in the
@@ -40,7 +41,7 @@ from .a2a_messages import (
     coerce_numbers,
     parse_skill_call_json,
 )
-from .gateway import CallRequest, Gateway, PaymentDemanded, Refused
+from .gateway import SKILL_DISABLED, CallRequest, Gateway, PaymentDemanded, Refused
 from .http_io import InvalidJson, json_bytes, json_value, parse_json, payment_from, receipt_headers, render
 from .identity import (
     SIWX_HEADER,
@@ -116,7 +117,8 @@ class A2AHttpLayer:
         if method in V1_METHODS and "a2a-version" not in headers:
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
         if method in SEND_METHODS:
-            quote = await self._quote_if_unpaid(rpc, headers)
+            client = scope.get("client")
+            quote = await self._quote_if_unpaid(rpc, headers, client[0] if client else None)
             if quote is not None:
                 response = render(quote)
                 await response(scope, receive, send)
@@ -180,10 +182,10 @@ class A2AHttpLayer:
         return [(TASK_TOKEN_HEADER.lower().encode(), token.encode()),
                 (b"set-cookie", cookie.encode())]
 
-    async def _quote_if_unpaid(self, rpc: dict[str, Any], headers: dict[str, str]
-                               ) -> PaymentDemanded | Refused | None:
+    async def _quote_if_unpaid(self, rpc: dict[str, Any], headers: dict[str, str],
+                               client: str | None = None) -> PaymentDemanded | Refused | None:
         """HTTP 402 for an unpaid call to a paid skill from a client without the extension (or the
-        503 while payments are not ready)."""
+        503 while payments are not ready, the 429 of a client out of quotes)."""
         if "payment-signature" in headers or "x-payment" in headers:
             return None
         requested = {v.strip() for h in ("a2a-extensions", "x-a2a-extensions")
@@ -202,11 +204,15 @@ class A2AHttpLayer:
         if skill is None:
             return None
         outcome = await self.gateway.call(CallRequest(call.skill_id, call.input, self.rpc_url,
-                                                      operation=call.operation))
+                                                      operation=call.operation, client=client))
         if isinstance(outcome, PaymentDemanded):
             return outcome
-        # payments not ready: the HTTP answer a plain x402 client retries on (503, Retry-After)
-        return outcome if isinstance(outcome, Refused) and outcome.retry_after is not None else None
+        # payments not ready, or the client out of quotes: the HTTP answer a plain x402 client
+        # retries on (503 / 429, Retry-After); the skill switched off: 503, as on REST
+        if isinstance(outcome, Refused) and (outcome.retry_after is not None
+                                             or outcome.code == SKILL_DISABLED):
+            return outcome
+        return None
 
 
 class _PaymentAwareSend:

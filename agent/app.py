@@ -24,12 +24,14 @@ from starlette.routing import Route
 
 from compat import marketplace, openai_api
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
+from payments.controls import Controls
 from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavailable
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
 from payments.leases import SettlementPolicy
 from payments.ledger import Ledger, sqlite_pragmas
 from payments.networks import lookup_network
 from payments.processor import PaymentProcessor, PayTo
+from payments.rate_limits import LimitSpec, RateLimits
 from payments.reconciler import Reconciler, chain_asker
 from payments.schema import ensure_current
 from payments.send_lock import send_lock_for
@@ -53,6 +55,7 @@ from . import hygiene
 from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
 from .http_io import HttpProblem, edge_error
+from .observability import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
 from .settings import ConfigError, Settings
 from .version import VERSION
 
@@ -71,6 +74,7 @@ class Runtime:
     gateway: Gateway
     devnet: Any | None = None
     upstreams: UpstreamClient | None = None  # the model providers' client (its retry settings)
+    metrics: Metrics | None = None  # GET /metrics (None: PAYWIRE_METRICS is off)
 
 
 class ServerTimingTotal:
@@ -124,8 +128,12 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     """A bug: the caller gets the face's error shape, never plain text (the server still logs
     the traceback: it is ours to fix). Nothing is charged: a paid call settles only after its
     result is in hand."""
-    return edge_error(request.url.path, 500, "internal_error",
-                      f"internal error ({type(exc).__name__}); nothing was charged")
+    response = edge_error(request.url.path, 500, "internal_error",
+                          f"internal error ({type(exc).__name__}); nothing was charged")
+    rid = request.scope.get("state", {}).get(STATE_KEY)  # answered outside RequestObserver
+    if rid is not None:
+        response.headers["X-Request-Id"] = rid
+    return response
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -238,6 +246,16 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
         log.warning("payments are not ready: %s; paywire serves meanwhile (GET /readyz answers 503, "
                     "paid calls 503 without charging) and asks again (%s)", exc, where)
     return processor
+
+
+def rate_limits(settings: Settings) -> RateLimits:
+    """The per-replica limits on unpaid quotes and refused payments (payments/rate_limits.py)."""
+    return RateLimits(
+        LimitSpec(settings.rate_quotes_per_minute, settings.rate_quotes_burst,
+                  "PAYWIRE_RATE_QUOTES_PER_MINUTE", "PAYWIRE_RATE_QUOTES_BURST"),
+        LimitSpec(settings.rate_payments_per_minute, settings.rate_payments_burst,
+                  "PAYWIRE_RATE_PAYMENTS_PER_MINUTE", "PAYWIRE_RATE_PAYMENTS_BURST"),
+        max_keys=settings.rate_tracked_keys)
 
 
 def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: Any
@@ -363,10 +381,15 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     chain_rpcs = chain_rpcs_for(settings, devnet)
     reconciler = Reconciler(ledger, chain_asker(chain_rpcs.get), policy,
                             interval_seconds=settings.reconcile_interval_seconds)
+    metrics = Metrics(VERSION) if settings.metrics else None  # a registry per app: see observability
+    controls = Controls(engine, refresh_seconds=settings.controls_refresh_seconds)
     gateway = Gateway(registry, processor, ledger,
                       payment_window_seconds=settings.a2a_payment_timeout_seconds,
-                      policy=policy, reconciler=reconciler)
-    runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams)
+                      policy=policy, reconciler=reconciler,
+                      observer=Observer(metrics, registry, processor.networks),
+                      controls=controls, limits=rate_limits(settings))
+    runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
+                      metrics)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
@@ -378,6 +401,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         # `paywire serve` checks first, so an outdated one stops it with one line, not this.
         await ensure_current(engine)
         await initialize_task_store(task_store)  # the a2a SDK's `tasks` table: not migrated
+        await controls.refresh()  # the operator's switches and deny list hold from the first call
         asking = None if processor.ready else asyncio.create_task(
             processor.keep_starting(max_delay=settings.facilitator_retry_max_seconds))
         # Replicas sharing a database take turns sending from a shared facilitator key.
@@ -388,7 +412,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         # Leases of the payments in flight stay alive while this process does; the reconciler
         # settles, at startup and then periodically, whatever a dead replica left unfinished.
         background = [asyncio.create_task(gateway.in_flight.run()),
-                      asyncio.create_task(reconciler.run_forever())]
+                      asyncio.create_task(reconciler.run_forever()),
+                      asyncio.create_task(controls.run_forever())]
         yield
         for task in [*background, *([asking] if asking is not None else [])]:
             task.cancel()
@@ -422,18 +447,28 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     route_list: list[Any] = [Route("/health", health, methods=["GET"]),
                              Route("/healthz", health, methods=["GET"]),
                              Route("/readyz", readyz, methods=["GET"])]
+    if metrics is not None:
+        route_list.append(metrics_route(metrics, gateway, settings.secret("metrics_token") or None))
     # the model routes first: they carry most traffic and routes are matched in order
     route_list += openai_api.routes(gateway, settings.max_body_bytes, settings.base_url,
                                     max_upload_bytes=settings.max_upload_bytes)
     route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
     route_list += a2a
     route_list += agent_card.routes(card_factory)
+    if settings.admin_token is not None:  # unset: nothing under /admin (404 like any unknown path)
+        from .admin import admin_mount
+        from .admin_controls import control_routes
+
+        # the operator API and page (agent/admin.py); the controls behind the same token
+        route_list.append(admin_mount(settings.secret("admin_token"), engine, extra_routes=(
+            control_routes(controls, gateway.catalogue))))
     if devnet is not None:
         from .devnet_http import routes as devnet_routes
 
         route_list += devnet_routes(devnet, settings.base_url)
     app = Starlette(routes=route_list, lifespan=lifespan, exception_handlers={
         HTTPException: _http_exception, HttpProblem: _http_problem, Exception: _server_error}, middleware=[
+        Middleware(RequestObserver, metrics=metrics),  # outermost: the request id covers every answer
         Middleware(ServerTimingTotal),
         Middleware(A2AHttpLayer, gateway=gateway, paths={"/a2a", "/a2a/"},
                    rpc_url=f"{settings.base_url}/a2a", max_body_bytes=settings.max_body_bytes),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from payments.controls import Controls
 from payments.money import display_usd
 from skills.help import HELP_SKILL as HELP_SKILL  # the free help skill's id, for the faces
 from skills.registry import SkillRegistry
@@ -17,8 +18,13 @@ class Catalogue:
     """The skills for sale, in registry order. The registry only grows, so its size identifies
     its state (faces cache what they render from it by that)."""
 
-    def __init__(self, registry: SkillRegistry) -> None:
+    def __init__(self, registry: SkillRegistry, controls: Controls | None = None) -> None:
         self._registry = registry
+        self._controls = controls
+
+    def available(self, skill_id: str) -> bool:
+        """False while the operator has the skill switched off (it answers 503 before any quote)."""
+        return self._controls is None or self._controls.disabled(skill_id) is None
 
     def get(self, skill_id: str) -> Skill | None:
         return self._registry.get(skill_id)

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import textwrap
+import warnings
 from collections.abc import Awaitable, Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -87,7 +88,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .hygiene import configure_logging
     from .serving import serve
 
-    configure_logging(args.log_level)
+    json_logs = settings.log_format == "json"
+    configure_logging(args.log_level, json_lines=json_logs)
 
     try:
         app = create_app(settings, devnet=devnet)
@@ -95,8 +97,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _config_error(exc)
     if devnet is not None:
         print(_banner(settings, devnet), file=sys.stderr, flush=True)
+    else:
+        from .banner import announce
+
+        announce(settings, app.state.runtime)
     serve(app, host=settings.host, port=settings.port, log_level=args.log_level,
-          header_timeout=settings.header_timeout_seconds, body_timeout=settings.body_timeout_seconds)
+          header_timeout=settings.header_timeout_seconds, body_timeout=settings.body_timeout_seconds,
+          json_logs=json_logs, trusted_proxies=settings.trusted_proxies)
     return 0
 
 
@@ -153,6 +160,26 @@ def _settings_help() -> str:
     lines.append("  Resource files declare the variables they read (`env`, `*_env` fields), e.g. "
                  "NANSEN_API_KEY;")
     lines.append("  `paywire config` lists them.")
+    lines += textwrap.wrap(
+        "Every key and token (and PAYWIRE_DATABASE_URL) may be read from a file instead: "
+        "VAR_FILE=/path (e.g. PAYWIRE_EVM_FACILITATOR_KEY_FILE); the file must be the service "
+        "user's alone (mode 0400 or 0600), one trailing newline is dropped, and VAR and VAR_FILE "
+        "may not both be set.", width=100, initial_indent="  ", subsequent_indent="  ")
+    return "\n".join(lines)
+
+
+def _default(variable: str) -> str:
+    """A setting's default as text (`paywire serve --help` lists them all)."""
+    return next(default for name, default, _ in Settings.reference() if name == variable)
+
+
+def _payer_help() -> str:
+    """The variables `paywire pay` reads, their defaults and meanings."""
+    lines = ["variables read (an option wins over its variable):"]
+    for variable, default, meaning in PayerSettings.reference():
+        meaning = meaning.removeprefix("`paywire pay`: ")
+        text = f"{variable} (default {default}): {meaning}" if default != "-" else f"{variable}: {meaning}"
+        lines += textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="      ")
     return "\n".join(lines)
 
 
@@ -314,6 +341,7 @@ def _db_settings(args: argparse.Namespace) -> Settings:
     env = dict(os.environ)
     if getattr(args, "database_url", None):
         env["PAYWIRE_DATABASE_URL"] = args.database_url
+        env.pop("PAYWIRE_DATABASE_URL_FILE", None)  # the option wins over both forms
     if getattr(args, "data_dir", None):
         env["PAYWIRE_DATA_DIR"] = args.data_dir
     return Settings.from_env(env)
@@ -450,8 +478,364 @@ def cmd_ledger(args: argparse.Namespace) -> int:
     return 0
 
 
+class _OutputFailed(Exception):
+    """--output could not be opened or written (told apart from the database's OSErrors)."""
+
+
+class _OutputFile:
+    """The --output file: a failed write is an _OutputFailed."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._file.write(text))
+        except OSError as exc:
+            raise _OutputFailed(exc) from None
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+
+def _ledger_export(args: argparse.Namespace, command: str,
+                   write: Callable[[AsyncEngine, Any], Awaitable[Any]]) -> int:
+    """Run `write(engine, out)` on the ledger's database, `out` stdout or --output FILE (written
+    next to it, then renamed into place: an interrupted export leaves no half file)."""
+    from payments.schema import SchemaError, ensure_current
+
+    output = Path(args.output) if args.output else None
+    partial = output.with_name(f".{output.name}.partial") if output else None
+    if output is not None and output.exists() and not output.is_file():
+        partial = None  # a device or pipe (/dev/stdout): written as it is, never replaced
+
+    async def run(engine: AsyncEngine) -> Any:
+        await ensure_current(engine, create_if_empty=False)
+        if output is None:
+            return await write(engine, sys.stdout)
+        try:
+            out = (partial or output).open("w", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise _OutputFailed(exc) from None
+        try:
+            return await write(engine, _OutputFile(out))
+        finally:
+            try:
+                out.close()  # flushes: a full disk may only show here
+            except OSError as exc:
+                raise _OutputFailed(exc) from None  # noqa: B012 (the file's failure is the news)
+
+    finished = False
+    try:
+        settings = _db_settings(args)
+        done = _on_database(settings, run, create=False)
+        finished = True
+    except ConfigError as exc:
+        return _config_error(exc, command)
+    except SchemaError as exc:
+        return _config_error(ConfigError(f"{_db_where(settings)}: {exc}"), command)
+    except DatabaseUnusable as exc:
+        return _database_error(exc, command)
+    except _OutputFailed as exc:  # --output cannot be written
+        cause = exc.args[0]
+        print(f"{command}: --output {output}: {getattr(cause, 'strerror', None) or cause}",
+              file=sys.stderr)
+        return 1
+    finally:
+        if partial is not None and not finished:
+            partial.unlink(missing_ok=True)
+    if done is None:
+        print(f"{command}: no ledger yet: {_db_where(settings)}", file=sys.stderr)
+        return 1
+    if output is not None:
+        if partial is not None:
+            partial.replace(output)
+        print(f"{command}: wrote {output}", file=sys.stderr)
+    return 0
+
+
+def _period_and_filters(args: argparse.Namespace, command: str) -> tuple[Any, Any] | int:
+    from payments.accounting import AccountingInputError, PaymentFilter, Period
+
+    try:
+        period = Period.of(since=args.since, until=args.until, month=args.month)
+        filters = PaymentFilter(
+            state=getattr(args, "filter_state", None), skill=getattr(args, "skill", None),
+            network=getattr(args, "network", None), payer=getattr(args, "payer", None),
+            tx=getattr(args, "tx", None), period=period)
+    except AccountingInputError as exc:
+        print(f"{command}: --{exc.field}: {exc.message}", file=sys.stderr)
+        return CONFIG_ERROR
+    return period, filters
+
+
+def cmd_ledger_revenue(args: argparse.Namespace) -> int:
+    from payments.accounting import AccountingInputError, parse_by
+
+    from .accounting_report import write_revenue
+
+    command = "paywire ledger revenue"
+    parsed = _period_and_filters(args, command)
+    if isinstance(parsed, int):
+        return parsed
+    period, _ = parsed
+    try:
+        by = parse_by(args.by)
+    except AccountingInputError as exc:
+        print(f"{command}: --{exc.field}: {exc.message}", file=sys.stderr)
+        return CONFIG_ERROR
+    return _ledger_export(args, command, lambda engine, out: write_revenue(
+        engine, out, by=by, period=period, fmt=args.format))
+
+
+def cmd_ledger_payments(args: argparse.Namespace) -> int:
+    from payments.accounting import MAX_PAGE
+
+    from .accounting_report import write_payments
+
+    command = "paywire ledger payments"
+    parsed = _period_and_filters(args, command)
+    if isinstance(parsed, int):
+        return parsed
+    _, filters = parsed
+    if not 1 <= args.rows <= MAX_PAGE:
+        print(f"{command}: --limit: a whole number from 1 to {MAX_PAGE} (--all for every payment), "
+              f"got {args.rows}", file=sys.stderr)
+        return CONFIG_ERROR
+    return _ledger_export(args, command, lambda engine, out: write_payments(
+        engine, out, filters=filters, limit=args.rows, every=args.all, fmt=args.format))
+
+
+def _ledger_export_parsers(ledger: argparse.ArgumentParser) -> None:
+    """`paywire ledger revenue` and `paywire ledger payments` (agent/accounting_report.py)."""
+    from payments.accounting import GROUPINGS, MAX_PAGE
+
+    from .accounting_report import FORMATS
+
+    exports = ledger.add_subparsers(dest="ledger_command", metavar="{revenue,payments}")
+    common = argparse.ArgumentParser(add_help=False)
+    when = common.add_argument_group("period (UTC; a day starts at 00:00 UTC; default: all time)")
+    when.add_argument("--month", metavar="YYYY-MM",
+                      help="one calendar month, e.g. 2026-11 (the month's export); not with --since/--until")
+    when.add_argument("--since", metavar="DATE",
+                      help="from this date or time, included: 2026-11-01 or 2026-11-01T12:00:00Z "
+                      "(default: the first payment)")
+    when.add_argument("--until", metavar="DATE",
+                      help="up to this date or time, excluded (default: now)")
+    common.add_argument("--format", choices=FORMATS, default="table",
+                        help="table (for reading), csv (header row; amounts as exact decimal text) "
+                        "or json (amounts as exact decimal strings, atomic amounts as integers) "
+                        "(default: %(default)s)")
+    common.add_argument("--output", "-o", metavar="FILE",
+                        help="write to FILE instead of standard output (replaced once complete)")
+    # SUPPRESS: given before the command (`paywire ledger --data-dir D revenue`), the value stays
+    common.add_argument("--database-url", metavar="URL", default=argparse.SUPPRESS,
+                        help="the database (default: PAYWIRE_DATABASE_URL, else the SQLite file "
+                        "paywire.db in the data folder)")
+    common.add_argument("--data-dir", metavar="DIR", default=argparse.SUPPRESS,
+                        help=f"folder of the default SQLite database (default: PAYWIRE_DATA_DIR, "
+                        f"else {_default('PAYWIRE_DATA_DIR')})")
+    money = ("Revenue is what settled payments paid (USDC, exact); upstream cost what their calls "
+             "cost the providers; unbilled cost what calls that failed (nothing charged) still cost "
+             "upstream; margin = revenue - upstream cost - unbilled cost.")
+    revenue = exports.add_parser(
+        "revenue", parents=[common], epilog=DB_VARIABLES,
+        help="revenue, upstream cost and margin by skill, network and day",
+        description="Revenue, upstream cost and margin of the payments created in a period, in "
+        f"total or grouped. {money} A payment counts on the UTC day it was created (claimed; it "
+        "settles within the call). Example: paywire ledger revenue --month 2026-11 --by skill "
+        "--format csv -o revenue-2026-11.csv")
+    revenue.add_argument("--by", metavar="GROUPS",
+                         help=f"group by any of {','.join(GROUPINGS)}, comma-separated, e.g. "
+                         "skill,day (default: one line, the total); grouped CSV ends with a "
+                         "(total) row")
+    revenue.set_defaults(func=cmd_ledger_revenue)
+    payments = exports.add_parser(
+        "payments", parents=[common], epilog=DB_VARIABLES,
+        help="the payments, filtered: a table, CSV or JSON",
+        description="The payments created in a period that match every filter given: the latest "
+        "--limit of them, newest first, or with --all every one, oldest first, streamed (a month "
+        "of any size). Example: paywire ledger payments --month 2026-11 --state settled --all "
+        "--format csv -o payments-2026-11.csv")
+    payments.add_argument("--state", dest="filter_state",
+                          choices=[s.value for s in _payment_states()],
+                          help="only payments in this state (default: any)")
+    payments.add_argument("--skill", metavar="ID", help="only this skill's payments (default: any)")
+    payments.add_argument("--network", metavar="CAIP2",
+                          help="only this network's, e.g. eip155:8453 (default: any)")
+    payments.add_argument("--payer", metavar="ADDRESS",
+                          help="only this payer's (an EVM address in any case; default: any)")
+    payments.add_argument("--tx", metavar="HASH", help="only the payment settled by this transaction")
+    payments.add_argument("--limit", dest="rows", type=int, default=50, metavar="N",
+                          help=f"the latest N payments, 1 to {MAX_PAGE} (default: %(default)s)")
+    payments.add_argument("--all", action="store_true",
+                          help="every matching payment, oldest first, instead of the latest --limit")
+    payments.set_defaults(func=cmd_ledger_payments)
+
+
+# ---- paywire skills disable|enable, paywire payers deny|allow|list: the operator's controls ----
+
+CONTROLS_VARIABLES = (
+    "variables read: PAYWIRE_DATABASE_URL (the database the gateways share; a SQLAlchemy URL with an "
+    "async driver; default: the SQLite file paywire.db in PAYWIRE_DATA_DIR), PAYWIRE_DATA_DIR "
+    "(default .paywire); for skill ids, the settings that decide what is sold (PAYWIRE_RESOURCE_DIRS, "
+    "PAYWIRE_MODELS_FILE...), as `paywire serve` reads them. Running gateways follow a change within "
+    "PAYWIRE_CONTROLS_REFRESH_SECONDS (default 2). The operator API (/admin) does the same over HTTP. "
+    f"A configuration problem is one line on stderr and exit code {CONFIG_ERROR}; a database that "
+    "cannot be reached, one line and exit code 1.")
+
+
+def _sold_skill_ids(settings: Settings) -> set[str]:
+    """The ids the gateway would sell with these settings (resources, models, help)."""
+    from skills.help import HELP_SKILL
+    from skills.models.upstream import UpstreamClient
+
+    from .app import build_registry
+
+    return {s.id for s in build_registry(settings, UpstreamClient()).all()} | {HELP_SKILL}
+
+
+def _controls_command(args: argparse.Namespace, command: str,
+                      work: Callable[[Any], Awaitable[str]], *, skill_id: str | None = None) -> int:
+    """`work(controls)` on the configured database (schema current); prints what it returns."""
+    from payments.controls import ControlError, Controls
+    from payments.schema import SchemaError, ensure_current
+
+    async def run(engine: AsyncEngine) -> str:
+        await ensure_current(engine)
+        return await work(Controls(engine))
+
+    try:
+        settings = _db_settings(args)
+        if skill_id is not None and skill_id not in _sold_skill_ids(settings):
+            raise ConfigError(f"no skill named {skill_id!r} is sold with these settings; "
+                              "GET /api/marketplace/apis and /v1/models list the ids")
+        print(_on_database(settings, run))
+    except ControlError as exc:
+        return _config_error(ConfigError(exc.message), command)
+    except ConfigError as exc:
+        return _config_error(exc, command)
+    except SchemaError as exc:
+        return _config_error(ConfigError(f"{_db_where(settings)}: {exc}"), command)
+    except DatabaseUnusable as exc:
+        return _database_error(exc, command)
+    return 0
+
+
+def _operator() -> str:
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"paywire CLI ({user}@{socket.gethostname()})"
+
+
+def cmd_skills_switch(args: argparse.Namespace) -> int:
+    enabled = args.skills_command == "enable"
+
+    async def work(controls: Any) -> str:
+        await controls.set_skill(args.skill_id, enabled=enabled, reason=args.reason,
+                                 changed_by=_operator())
+        return (f"{args.skill_id}: switched on" if enabled else
+                f"{args.skill_id}: switched off (calls answer 503 before any quote)")
+
+    return _controls_command(args, f"paywire skills {args.skills_command}", work,
+                             skill_id=None if enabled else args.skill_id)
+
+
+def cmd_skills_disabled(args: argparse.Namespace) -> int:
+    async def work(controls: Any) -> str:
+        found = await controls.disabled_skills()
+        return "\n".join(f"{s.skill_id}\t{s.changed_at:%Y-%m-%d %H:%M:%S}\t{s.changed_by}\t"
+                         f"{s.reason or ''}" for s in found) or "no skill is switched off"
+
+    return _controls_command(args, "paywire skills disabled", work)
+
+
+def cmd_payers(args: argparse.Namespace) -> int:
+    async def work(controls: Any) -> str:
+        if args.payers_command == "deny":
+            denied = await controls.deny_payer(args.address, reason=args.reason)
+            return f"{denied.payer}: denied (its payments are refused with 403 before any facilitator)"
+        if args.payers_command == "allow":
+            from payments.controls import normalize_payer
+
+            payer = normalize_payer(args.address)
+            was = await controls.allow_payer(payer)
+            return f"{payer}: allowed" + ("" if was else " (it was not denied)")
+        found = await controls.denied_payers()
+        return "\n".join(f"{p.payer}\t{p.created_at:%Y-%m-%d %H:%M:%S}\t{p.reason or ''}"
+                         for p in found) or "no payer is denied"
+
+    return _controls_command(args, f"paywire payers {args.payers_command}", work)
+
+
+def _add_control_commands(sub: Any, skills_sub: Any) -> None:
+    def database_options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--database-url", metavar="URL",
+                            help="the database the gateways share (default: PAYWIRE_DATABASE_URL, "
+                            "else the SQLite file paywire.db in the data folder)")
+        parser.add_argument("--data-dir", metavar="DIR",
+                            help="folder of the default SQLite database (default: PAYWIRE_DATA_DIR, "
+                            f"else {_default('PAYWIRE_DATA_DIR')})")
+
+    reason_help = "why, shown to callers of a switched-off skill (at most 500 characters; default: none)"
+    disable = skills_sub.add_parser(
+        "disable", help="switch a skill off on every gateway sharing the database",
+        description="Switch a skill (a resource or a model, by id) off without a restart: every "
+        "gateway on this database answers its calls 503 skill_disabled before any quote, and lists "
+        "it with \"available\": false. The id must be one these settings sell.",
+        epilog=CONTROLS_VARIABLES)
+    disable.add_argument("skill_id", metavar="ID", help="the skill's id (a resource_id or a model id)")
+    disable.add_argument("--reason", help=reason_help)
+    enable = skills_sub.add_parser(
+        "enable", help="switch a skill on again",
+        description="Switch a skill on again on every gateway sharing the database (any id: a "
+        "skill no longer sold can be cleared too).", epilog=CONTROLS_VARIABLES)
+    enable.add_argument("skill_id", metavar="ID", help="the skill's id")
+    enable.set_defaults(reason=None)
+    disabled = skills_sub.add_parser(
+        "disabled", help="list the skills switched off",
+        description="List the skills switched off: id, when, by whom, why (tab-separated).",
+        epilog=CONTROLS_VARIABLES)
+    for parser in (disable, enable):
+        database_options(parser)
+        parser.set_defaults(func=cmd_skills_switch)
+    database_options(disabled)
+    disabled.set_defaults(func=cmd_skills_disabled)
+
+    payers = sub.add_parser(
+        "payers", help="the payer deny list: deny, allow, list",
+        description="Payers whose payments every gateway sharing the database refuses (403 "
+        "payer_denied, before any facilitator is asked, nothing charged).", epilog=CONTROLS_VARIABLES)
+    payers_sub = payers.add_subparsers(dest="payers_command", required=True)
+    deny = payers_sub.add_parser(
+        "deny", help="refuse a payer's payments",
+        description="Add a payer to the deny list (an EVM address, any case; a base58 Solana "
+        "address).", epilog=CONTROLS_VARIABLES)
+    deny.add_argument("address", metavar="ADDRESS", help="the payer's address")
+    deny.add_argument("--reason", help="why (kept for operators; at most 500 characters; default: none)")
+    allow = payers_sub.add_parser(
+        "allow", help="take a payer off the deny list",
+        description="Take a payer off the deny list.", epilog=CONTROLS_VARIABLES)
+    allow.add_argument("address", metavar="ADDRESS", help="the payer's address")
+    listing = payers_sub.add_parser(
+        "list", help="list the denied payers",
+        description="List the denied payers: address, since when, why (tab-separated).",
+        epilog=CONTROLS_VARIABLES)
+    for parser in (deny, allow, listing):
+        database_options(parser)
+        parser.set_defaults(func=cmd_payers)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="paywire", description=__doc__)
+    parser = argparse.ArgumentParser(prog="paywire", description=__doc__,
+                                     epilog="`paywire COMMAND --help`: the command's options, their "
+                                     "defaults and the environment variables it reads.")
     parser.add_argument("--version", action="version", version=f"paywire {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -460,31 +844,53 @@ def build_parser() -> argparse.ArgumentParser:
                            "networks. A configuration problem stops it with one line naming every "
                            f"variable at fault (exit code {CONFIG_ERROR}).",
                            epilog=_settings_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--host", help="address to listen on (overrides PAYWIRE_HOST)")
-    serve.add_argument("--port", type=int, help="port to listen on (overrides PAYWIRE_PORT)")
+    serve.add_argument("--host", help="address to listen on (default: PAYWIRE_HOST, else "
+                       f"{_default('PAYWIRE_HOST')})")
+    serve.add_argument("--port", type=int, help="port to listen on (default: PAYWIRE_PORT, else "
+                       f"{_default('PAYWIRE_PORT')})")
     serve.add_argument("--log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"],
-                       help="log level (default: info; info and below log each request)")
+                       help="log level (default: %(default)s; info and below log each request)")
     serve.set_defaults(func=cmd_serve)
 
     config = sub.add_parser("config", help="print the effective configuration (secrets masked)",
                             description="Print every setting's effective value (secrets masked) and "
                             "where it comes from, and the variables resource files declare. Exits "
-                            f"{CONFIG_ERROR} with the message `paywire serve` would stop with.")
-    config.add_argument("--host", help="as `paywire serve --host`")
-    config.add_argument("--port", type=int, help="as `paywire serve --port`")
+                            f"{CONFIG_ERROR} with the message `paywire serve` would stop with.",
+                            epilog="variables read: every setting `paywire serve --help` lists "
+                            "(PAYWIRE_*, the model providers' keys and base URLs), and the variables "
+                            "resource files declare (their `env` and `*_env` fields, e.g. "
+                            "NANSEN_API_KEY).")
+    config.add_argument("--host", help="as `paywire serve --host` (default: PAYWIRE_HOST, else "
+                        f"{_default('PAYWIRE_HOST')})")
+    config.add_argument("--port", type=int, help="as `paywire serve --port` (default: PAYWIRE_PORT, "
+                        f"else {_default('PAYWIRE_PORT')})")
     config.set_defaults(func=cmd_config)
 
-    payp = sub.add_parser("pay", help="call an x402 URL and pay for it")
-    payp.add_argument("url")
-    payp.add_argument("--data", "-d", help="request body (JSON)")
-    payp.add_argument("--method", "-X", default="POST")
-    payp.add_argument("--header", "-H", action="append", help="extra header 'Name: value'")
-    payp.add_argument("--network", help="evm, solana, or a network id (default: first offered)")
-    payp.add_argument("--max", default="0.10", help="most USD to pay without asking (0.10)")
+    payp = sub.add_parser(
+        "pay", help="call an x402 URL and pay for it",
+        description="\n".join(textwrap.wrap(
+            "Call a URL of any x402 server; if it answers 402, choose a payment option the key can "
+            "pay, check the price against --max, sign the payment and call again; print the answer "
+            "and the settlement receipt. A payment the server is still settling is sent again, "
+            "never signed twice. Exit code 0 on a 2xx answer, 1 on another, 2 when it refused to "
+            "pay (a bad option, no usable key, a price above --max).", width=100)),
+        epilog=_payer_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    payp.add_argument("url", help="the URL to call (a paywire route, /a2a, or any x402 server's)")
+    payp.add_argument("--data", "-d", help="request body, sent as application/json (default: none)")
+    payp.add_argument("--method", "-X", default="POST", help="HTTP method (default: %(default)s)")
+    payp.add_argument("--header", "-H", action="append", metavar="'NAME: VALUE'",
+                      help="an extra request header; repeatable (default: none)")
+    payp.add_argument("--network", help="evm, solana, or a network id such as eip155:84532 "
+                      "(default: the first option offered that the key can pay)")
+    payp.add_argument("--max", default="0.10", metavar="USD",
+                      help="most USD to pay without asking (default: %(default)s)")
     payp.add_argument("--yes", "-y", action="store_true", help="pay above --max without asking")
-    payp.add_argument("--solana-rpc", help="Solana RPC URL for building the payment")
-    payp.add_argument("--json", action="store_true", help="print one JSON document")
+    payp.add_argument("--solana-rpc", metavar="URL",
+                      help="the Solana node a Solana payment is built with (default: "
+                      "PAYWIRE_SOLANA_RPC_URL, else the devnet's when the server is a paywire devnet)")
+    payp.add_argument("--json", action="store_true",
+                      help="print one JSON document (status, result, receipt, paid_usd)")
     payp.set_defaults(func=cmd_pay)
 
     devnet = sub.add_parser(
@@ -493,9 +899,11 @@ def build_parser() -> argparse.ArgumentParser:
         "devnet; state in memory) on their own, so several production-mode gateways settle on "
         "one chain and the chain outlives a gateway. Routes: GET /devnet, GET /devnet/balance, "
         "POST /devnet/faucet, POST /devnet/evm and /devnet/solana (JSON-RPC), GET /healthz. "
-        "Prints the settings a gateway needs; the facilitator keys only go to --env-file.")
+        "Prints the settings a gateway needs; the facilitator keys only go to --env-file.",
+        epilog="variables read: none; the options say it all (the PAYWIRE_* settings it prints "
+        "are for the gateways that settle on it).")
     devnet.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on (default: 127.0.0.1)")
+                        help="address to listen on (default: %(default)s)")
     devnet.add_argument("--port", type=int, default=DEVNET_PORT,
                         help=f"port to listen on (default: {DEVNET_PORT}; 0 picks a free one, "
                         "named in the printed URLs and the env file)")
@@ -510,14 +918,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: http://HOST:PORT)")
     devnet.add_argument("--log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
-                        help="log level (default: warning; info logs each request)")
+                        help="log level (default: %(default)s; info logs each request)")
     devnet.set_defaults(func=cmd_devnet)
 
-    skills = sub.add_parser("skills", help="skill authoring tools")
+    skills = sub.add_parser("skills", help="check resource files; switch skills off and on")
     skills_sub = skills.add_subparsers(dest="skills_command", required=True)
-    check = skills_sub.add_parser("check", help="validate resource files (or folders of them)")
-    check.add_argument("files", nargs="+")
+    check = skills_sub.add_parser(
+        "check", help="validate resource files (or folders of them)",
+        description="Check resource files as the gateway loads them: every problem of each file, "
+        "naming the field. Exit code 0 when all are valid, 1 otherwise.",
+        epilog="variables read: none (a file's `env` and `*_env` fields name the variables the "
+        "gateway will read for it; `paywire config` shows their values).")
+    check.add_argument("files", nargs="+", metavar="FILE",
+                       help="a resource file (*.json), or a folder: its *.json files")
     check.set_defaults(func=cmd_skills_check)
+    _add_control_commands(sub, skills_sub)
 
     db = sub.add_parser("db", help="the database schema: upgrade it, show its revision",
                         description="The ledger's tables are versioned (Alembic revisions shipped "
@@ -539,30 +954,38 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=DB_VARIABLES)
     for db_parser in (db_upgrade, db_current):
         db_parser.add_argument("--database-url", metavar="URL",
-                               help="the database (overrides PAYWIRE_DATABASE_URL)")
+                               help="the database (overrides PAYWIRE_DATABASE_URL; default: the "
+                               "SQLite file paywire.db in the data folder)")
         db_parser.add_argument("--data-dir", metavar="DIR",
-                               help="folder of the default SQLite database (overrides PAYWIRE_DATA_DIR)")
+                               help="folder of the default SQLite database (overrides "
+                               f"PAYWIRE_DATA_DIR; default: {_default('PAYWIRE_DATA_DIR')})")
     db_upgrade.set_defaults(func=cmd_db_upgrade)
     db_current.set_defaults(func=cmd_db_current)
 
     ledger = sub.add_parser(
-        "ledger", help="the payments: counts by state, unfinished and stuck ones, the reconciler",
+        "ledger", help="the payments: by state, stuck ones, the reconciler; revenue and exports",
         description="What the payment ledger holds. With no option: payments and amounts by state, "
         "then the unfinished ones (claimed, settling, pending), oldest first, marked STUCK once "
-        "their lease ran out and the reconciler has not settled them yet. Reads only.",
+        "their lease ran out and the reconciler has not settled them yet. `paywire ledger revenue`: "
+        "revenue, upstream cost and margin by skill, network and day; `paywire ledger payments`: "
+        "the payments, filtered, as a table, CSV or JSON (`COMMAND --help` for their options). "
+        "Reads only.",
         epilog=DB_VARIABLES)
     ledger.add_argument("--state", choices=[s.value for s in _payment_states()],
-                        help="list the latest payments in this state instead")
+                        help="list the latest payments in this state instead (default: the counts)")
     ledger.add_argument("--events", action="store_true",
                         help="list what the reconciler did (settled or released a payment), newest first")
     ledger.add_argument("--limit", type=int, default=50, metavar="N",
-                        help="at most N payments or events (default: 50)")
+                        help="at most N payments or events (default: %(default)s)")
     ledger.add_argument("--json", action="store_true", help="print JSON instead of text")
     ledger.add_argument("--database-url", metavar="URL",
-                        help="the database (overrides PAYWIRE_DATABASE_URL)")
+                        help="the database (default: PAYWIRE_DATABASE_URL, else the SQLite file "
+                        "paywire.db in the data folder)")
     ledger.add_argument("--data-dir", metavar="DIR",
-                        help="folder of the default SQLite database (overrides PAYWIRE_DATA_DIR)")
+                        help="folder of the default SQLite database (default: PAYWIRE_DATA_DIR, "
+                        f"else {_default('PAYWIRE_DATA_DIR')})")
     ledger.set_defaults(func=cmd_ledger)
+    _ledger_export_parsers(ledger)
     return parser
 
 
@@ -572,7 +995,18 @@ def _payment_states() -> list[Any]:
     return list(PaymentState)
 
 
+def _quiet_sdk_warnings() -> None:
+    """The x402 SDK builds Solana payments (and settles them) with solana-py's synchronous
+    `Client`, which warns on every construction that it is deprecated (a FutureWarning, shown to
+    every user, and a DeprecationWarning): the SDK's choice, nothing a user can act on. Only that
+    warning, only from the SDK's Solana modules."""
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", message="Client is deprecated", category=category,
+                                module=r"x402\.mechanisms\.svm\.")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_sdk_warnings()
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

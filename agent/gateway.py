@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
@@ -34,6 +34,7 @@ from x402.schemas import (
 from payments import failpoints
 from payments.broadcast_trace import BroadcastTrace, current_trace
 from payments.codec import PaymentHeaderError, decode_payment_header, decode_payment_object
+from payments.controls import Controls
 from payments.facilitator_status import NOT_READY
 from payments.leases import InFlight, SettlementPolicy
 from payments.ledger import (
@@ -47,6 +48,7 @@ from payments.ledger import (
 )
 from payments.money import usd_to_atomic
 from payments.payload_shape import INVALID_PAYLOAD, payload_problem
+from payments.precheck import local_refusal, proven_payer
 from payments.processor import (
     Matched,
     PaymentIdentifierError,
@@ -55,6 +57,7 @@ from payments.processor import (
     identify,
     payment_identifier,
 )
+from payments.rate_limits import RateLimits, Throttled
 from payments.reconciler import Reconciler
 from payments.settlement_outcome import SETTLEMENT_PENDING, Moved, NotMoved, Unknown, classify
 from skills import wire_json
@@ -109,6 +112,7 @@ class CallRequest:
     skill: Skill | None = None  # the skill the face already resolved (saves a second lookup)
     stream: bool = False  # the caller takes chunks as they come, when the skill streams
     operation: str | None = None  # a model's endpoint (chat.completions...); None: the default
+    client: str | None = None  # the caller's address (behind PAYWIRE_TRUSTED_PROXIES: the real one)
 
 
 @dataclass
@@ -186,6 +190,9 @@ def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
 
 
 RETRY_AFTER_SECONDS = 5  # how soon a call refused while payments are not ready may be tried again
+SKILL_DISABLED = "skill_disabled"  # 503: the operator switched the skill off (payments/controls.py)
+PAYER_DENIED = "payer_denied"  # 403: the payer is on the operator's deny list
+RATE_LIMITED = "rate_limited"  # 429: a client address or payer spent its budget (payments/rate_limits.py)
 NOTE_TRANSACTION_AFTER_SECONDS = 1.0  # a settlement slower than this writes its transaction early
 RELEASE_RETRY_SECONDS = 600.0  # how long a known-unmoved settlement's release is retried
 
@@ -196,20 +203,31 @@ LEDGER_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError)
 DEFAULT_MODELS = {"images.generations": "dall-e-2", "images.edits": "dall-e-2"}
 
 
+class CallObserver(Protocol):
+    """Told of every call's outcome as the pipeline returns it (a stream: once it has settled,
+    before its first byte). Synchronous and cheap: it runs on the hot path."""
+
+    def observe(self, req: CallRequest, outcome: Outcome) -> None: ...
+
+
 class Gateway:
     def __init__(
         self, registry: SkillRegistry, processor: PaymentProcessor, ledger: Ledger,
         *, payment_window_seconds: float = 900, policy: SettlementPolicy | None = None,
-        reconciler: Reconciler | None = None,
+        reconciler: Reconciler | None = None, observer: CallObserver | None = None,
+        controls: Controls | None = None, limits: RateLimits | None = None,
     ) -> None:
         self.registry = registry
         self.payment_window_seconds = payment_window_seconds
-        self.catalogue = Catalogue(registry)  # what faces may read of the registry
+        self.catalogue = Catalogue(registry, controls)  # what faces may read of the registry
         self.processor = processor
         self.ledger = ledger
         self.policy = policy or SettlementPolicy()
         self.in_flight = InFlight(ledger, self.policy)  # the leases this process renews
         self.reconciler = reconciler  # resolves a retried payment whose replica is gone
+        self.observer = observer  # sees every call's outcome (agent/observability.py); None: nobody
+        self.controls = controls  # the operator's skill switches and payer deny list (a snapshot)
+        self.limits = limits  # quotes and refused payments per client address / payer (per replica)
 
     def late_payment(self, waited_seconds: float) -> str | None:
         """Why a payment arriving `waited_seconds` after its quote (an A2A task waiting in
@@ -228,6 +246,17 @@ class Gateway:
         return ResourceInfo(url=url, description=skill.description, mime_type="application/json")
 
     async def call(self, req: CallRequest) -> Outcome:
+        """The pipeline, then its outcome handed to the observer (metrics, the call's log line).
+        An observer's failure never reaches the caller: the call may already have settled."""
+        outcome = await self._call(req)
+        if self.observer is not None:
+            try:
+                self.observer.observe(req, outcome)
+            except Exception:  # noqa: BLE001 - bookkeeping, never the caller's answer
+                log.exception("call observer failed")
+        return outcome
+
+    async def _call(self, req: CallRequest) -> Outcome:
         t = Timings()
         skill = req.skill or self.registry.get(req.skill_id)
         if skill is None:
@@ -237,6 +266,15 @@ class Gateway:
                 "GET /api/marketplace/apis lists the resources",
                 param="resource_id",
             )
+        # The operator's switch, then the caller's budget: both before any work on the request.
+        switch = self.controls.disabled(skill.id) if self.controls is not None else None
+        if switch is not None:
+            return Refused(t, 503, SKILL_DISABLED, switch.refusal())
+        if self.limits is not None and not _free(skill):
+            throttled = (self.limits.quote_blocked(req.client) if req.payment is None
+                         else self.limits.payment_blocked(req.client))
+            if throttled is not None:
+                return _throttled(t, throttled)
         payload = req.payload or {}
         probe = not payload and req.payment is None
         with t.stage("quote"):
@@ -265,18 +303,28 @@ class Gateway:
                 reason=reason, message=message, receipt=receipt,
             )
 
+        limits = self.limits
         if req.payment is None:
-            return demand()
+            throttled = limits.quote(req.client) if limits is not None else None
+            return _throttled(t, throttled) if throttled is not None else demand()
+
+        def refused(outcome: Outcome, payer: str | None = None) -> Outcome:
+            """A payment refused before anything was claimed: its client (and its payer, when
+            the payload proves who signed it) spent some of its budget."""
+            if limits is not None:
+                limits.payment_refused(req.client, payer)
+            return outcome
+
         payload_model = req.payment.payload
         if payload_model is None:
-            return Refused(t, 400, "invalid_payment_header", req.payment.problem or "invalid payment",
-                           param=req.payment.where)
+            return refused(Refused(t, 400, "invalid_payment_header",
+                                   req.payment.problem or "invalid payment", param=req.payment.where))
         matched = self.processor.match(payload_model, requirements, resource)
         if matched is None:
-            return demand(*_mismatch(payload_model, requirements))
+            return refused(demand(*_mismatch(payload_model, requirements)))
         problem = payload_problem(matched.requirement.network, matched.payload.payload)
         if problem is not None:  # refused here: a facilitator would raise on it, not answer
-            return demand(INVALID_PAYLOAD, f"payment rejected: {problem}")
+            return refused(demand(INVALID_PAYLOAD, f"payment rejected: {problem}"))
 
         try:
             paid = _Paid(t=t, skill=skill, op=op, req=req, payload=payload, matched=matched,
@@ -284,15 +332,28 @@ class Gateway:
                          payment_id=payment_identifier(matched.payload),
                          digest=request_digest(skill.id, payload), atomic=atomic, demand=demand)
         except PaymentIdentifierError as exc:
-            return Refused(t, 400, "invalid_payment_identifier", str(exc),
-                           param="extensions.payment-identifier.info.id")
+            return refused(Refused(t, 400, "invalid_payment_identifier", str(exc),
+                                   param="extensions.payment-identifier.info.id"))
+        payer = paid.identity.key.normalized().payer
+        denied = self.controls.denied(payer) if self.controls is not None else None
+        if denied is not None:  # nothing asked of the facilitator, nothing claimed
+            return refused(Refused(t, 403, PAYER_DENIED, f"payments from {payer} are refused by "
+                                   "the operator; nothing was charged", param="payer"))
+        throttled = limits.payment_blocked(None, payer) if limits is not None else None
+        if throttled is not None:
+            return _throttled(t, throttled)
 
         with t.stage("verify"):
-            try:
-                verified = await self.processor.verify(matched)
-            except Exception as exc:  # the facilitator itself failed: not the payer's fault
-                log.exception("facilitator verify failed for skill %s", skill.id)
-                verified, verify_error = None, type(exc).__name__
+            # What every facilitator would refuse is refused here, as the refusal one would give
+            # (so a retry of a payment that already settled is still answered from the ledger).
+            verified = local_refusal(matched.payload.payload, matched.requirement)
+            refused_locally = verified is not None
+            if verified is None:
+                try:
+                    verified = await self.processor.verify(matched)
+                except Exception as exc:  # the facilitator itself failed: not the payer's fault
+                    log.exception("facilitator verify failed for skill %s", skill.id)
+                    verified, verify_error = None, type(exc).__name__
         if verified is None or not verified.is_valid:
             # A payment that already moved (or may have) no longer verifies: its retry is
             # answered from the ledger, never refused as if nothing had happened.
@@ -304,7 +365,12 @@ class Gateway:
                                f"payment verification is unavailable right now ({verify_error}); "
                                "retry later, nothing was charged", retry_after=RETRY_AFTER_SECONDS)
             reason = verified.invalid_reason or "invalid_payment"
-            return demand(reason, f"payment rejected: {reason}")
+            detail = f" ({verified.invalid_message})" if refused_locally else ""
+            signer = (proven_payer(matched.payload.payload, matched.requirement)
+                      if limits is not None and limits.tracks_payers else None)
+            return refused(demand(reason, f"payment rejected: {reason}{detail}"), signer)
+        if limits is not None:
+            limits.payment_verified(req.client)  # the quote it was signed for is given back
         return await self._claim_and_run(paid)
 
     async def _known(self, paid: _Paid) -> PaymentRow | None:
@@ -773,6 +839,15 @@ class _Paid:
     digest: str
     atomic: int
     demand: Any  # (reason, message, receipt) -> PaymentDemanded, for this call's quote
+
+
+def _throttled(t: Timings, throttled: Throttled) -> Refused:
+    return Refused(t, 429, RATE_LIMITED, throttled.message, retry_after=throttled.retry_after)
+
+
+def _free(skill: Skill) -> bool:
+    """Free whatever the request (help, a resource priced 0): no quote, so no quote budget."""
+    return skill.pricer is None and skill.price_usd is not None and skill.price_usd == 0
 
 
 def _ledger_down(t: Timings) -> Refused:

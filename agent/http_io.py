@@ -107,6 +107,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def client_address(request: Request) -> str | None:
+    """The caller's address, for the per-client limits: the peer's, or behind a proxy listed in
+    PAYWIRE_TRUSTED_PROXIES the client that proxy names (uvicorn rewrites the scope's client)."""
+    return request.client.host if request.client is not None else None
+
+
 def payment_from(headers: Mapping[str, str]) -> Payment | None:
     """The payment a request carries in `PAYMENT-SIGNATURE` or `X-PAYMENT` (the first one set),
     decoded once here. `headers` must look names up case-insensitively (Starlette's do; a

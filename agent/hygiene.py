@@ -45,9 +45,15 @@ class ClientErrorsAsWarnings(logging.Filter):
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, json_lines: bool = False) -> None:
     """One line per record, with its level and logger, for paywire's and its libraries' logs
-    (uvicorn configures only its own loggers)."""
+    (uvicorn configures only its own loggers, unless JSON lines are asked: then uvicorn is left
+    unconfigured and its lines reach this handler too; see serving.uvicorn_config)."""
+    if json_lines:
+        from .request_log import json_handler
+
+        logging.basicConfig(level=level.upper(), handlers=[json_handler()], force=True)
+        return
     logging.basicConfig(level=level.upper(), format=LOG_FORMAT)
 
 

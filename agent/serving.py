@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
@@ -92,11 +93,20 @@ def deadline_protocol(header_timeout: float, body_timeout: float) -> type[Deadli
 
 def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
                    header_timeout: float = HEADER_TIMEOUT_SECONDS,
-                   body_timeout: float = BODY_TIMEOUT_SECONDS) -> uvicorn.Config:
+                   body_timeout: float = BODY_TIMEOUT_SECONDS, json_logs: bool = False,
+                   trusted_proxies: Sequence[str] = ()) -> uvicorn.Config:
+    """`json_logs`: uvicorn installs no handlers of its own, so its lines (the access line too,
+    with the request id) go to the root's JSON handler (hygiene.configure_logging).
+    `trusted_proxies` (PAYWIRE_TRUSTED_PROXIES): only from these are X-Forwarded-For and
+    X-Forwarded-Proto believed (uvicorn then puts the real client in the scope, which the
+    per-client limits key on); none: the headers are ignored (uvicorn's own default trusts them
+    from 127.0.0.1, so anything on the host could pose as any client)."""
+    extra: dict[str, Any] = {"log_config": None} if json_logs else {}
     return uvicorn.Config(app, host=host, port=port, loop="uvloop",
                           http=deadline_protocol(header_timeout, body_timeout),
-                          log_level=log_level, proxy_headers=True,
-                          access_log=str(log_level).lower() in _ACCESS_LOG_LEVELS)
+                          log_level=log_level, proxy_headers=bool(trusted_proxies),
+                          forwarded_allow_ips=list(trusted_proxies) or None,
+                          access_log=str(log_level).lower() in _ACCESS_LOG_LEVELS, **extra)
 
 
 # Young objects collected once 10,000 more are alive, not 700: a request's objects mostly die by
@@ -126,10 +136,12 @@ class Server(uvicorn.Server):
 
 def serve(app: Any, *, host: str, port: int, log_level: str = "info",
           header_timeout: float = HEADER_TIMEOUT_SECONDS,
-          body_timeout: float = BODY_TIMEOUT_SECONDS) -> None:
+          body_timeout: float = BODY_TIMEOUT_SECONDS, json_logs: bool = False,
+          trusted_proxies: Sequence[str] = ()) -> None:
     """`uvicorn.run(app, ...)` for one process, with the settings above."""
     server = Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
-                                   header_timeout=header_timeout, body_timeout=body_timeout))
+                                   header_timeout=header_timeout, body_timeout=body_timeout,
+                                   json_logs=json_logs, trusted_proxies=trusted_proxies))
     try:
         server.run()
     except KeyboardInterrupt:

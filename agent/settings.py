@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
@@ -26,6 +26,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from payments.networks import NetworkInfo, lookup_network
+
+from .key_files import read_key_files
 
 
 class ConfigError(ValueError):
@@ -48,10 +50,14 @@ class ConfigError(ValueError):
 # Declaring a variable: its name, default, meaning and what it accepts (for the error message).
 
 def _var(name: str, default: Any, description: str, *, accepts: str = "",
-         secret: bool = False, in_repr: bool = True, **constraints: Any) -> Any:
+         secret: bool = False, in_repr: bool = True, from_file: bool = False,
+         **constraints: Any) -> Any:
+    """`secret`: masked wherever shown; it and `from_file` may be read from `<name>_FILE`."""
     extra: dict[str, Any] = {"accepts": accepts}
     if secret:
         extra["secret"] = True
+    if secret or from_file:
+        extra["from_file"] = True
     return Field(default, validation_alias=name, description=description, json_schema_extra=extra,
                  repr=in_repr and not secret, **constraints)
 
@@ -125,6 +131,27 @@ class _FromEnvironment(BaseSettings):
                                    file_secret_settings: Any) -> tuple[Any, ...]:
         return (init_settings, _Environment(settings_cls, case_sensitive=True))
 
+    @classmethod
+    def reference(cls) -> list[tuple[str, str, str]]:
+        """(variable, default as text, meaning) of every setting, in declaration order."""
+        return [(_alias(info), _default_text(info), info.description or "")
+                for info in cls.model_fields.values()]
+
+    @classmethod
+    def file_variables(cls) -> list[str]:
+        """The variables that may be read from a file instead (`<VAR>_FILE`): the secrets, and
+        the database URL (it may hold a password)."""
+        return [_alias(info) for info in cls.model_fields.values() if _extra(info).get("from_file")]
+
+    @classmethod
+    def _source(cls, env: Mapping[str, str] | None) -> dict[str, str]:
+        """The variables as read (`_environment`), with `<VAR>_FILE` files read in
+        (agent/key_files.py); ConfigError naming each unusable one, before anything else."""
+        values, problems = read_key_files(_environment(env), cls.file_variables())
+        if problems:
+            raise ConfigError.of(problems)
+        return values
+
 
 class Settings(_FromEnvironment):
     """paywire's configuration: one field per environment variable (`validation_alias`)."""
@@ -144,7 +171,8 @@ class Settings(_FromEnvironment):
     database_url: str = _var(
         "PAYWIRE_DATABASE_URL", "", "database (SQLAlchemy URL with an async driver, e.g. "
         "postgresql+asyncpg://user:pass@host/db); default: SQLite in the data folder",
-        accepts="a SQLAlchemy URL with an async driver", in_repr=False)  # it may hold a password
+        accepts="a SQLAlchemy URL with an async driver", in_repr=False,
+        from_file=True)  # it may hold a password
 
     # --- request limits
     max_body_bytes: int = _whole("PAYWIRE_MAX_BODY_BYTES", MEBIBYTE, "largest request body (413 above)")
@@ -159,6 +187,51 @@ class Settings(_FromEnvironment):
     max_timeout_seconds: int = _whole("PAYWIRE_MAX_TIMEOUT_SECONDS", 300,
                                       "x402 maxTimeoutSeconds of quotes (how long a signed payment "
                                       "stays valid for settlement)")
+
+    # --- limiting abuse (payments/rate_limits.py: per replica; payments/controls.py: shared)
+    rate_quotes_per_minute: int = _whole(
+        "PAYWIRE_RATE_QUOTES_PER_MINUTE", 600, "quotes (402s for calls without payment) a client "
+        "address may get a minute on each replica; a payment that verifies gives its quote back; "
+        "0 = no limit (429 with Retry-After above it)", least=0)
+    rate_quotes_burst: int = _whole("PAYWIRE_RATE_QUOTES_BURST", 120,
+                                    "quotes a client address may get at once")
+    rate_payments_per_minute: int = _whole(
+        "PAYWIRE_RATE_PAYMENTS_PER_MINUTE", 120, "refused payments (invalid, expired, not the "
+        "quote's, denied) a client address, and a payer its signature proves, may send a minute on "
+        "each replica; successful paid calls are not counted; 0 = no limit (429 with Retry-After "
+        "above it)", least=0)
+    rate_payments_burst: int = _whole("PAYWIRE_RATE_PAYMENTS_BURST", 30,
+                                      "refused payments a client address or payer may send at once")
+    rate_tracked_keys: int = _whole(
+        "PAYWIRE_RATE_TRACKED_KEYS", 50_000, "client addresses (and payers) each limit remembers "
+        "(the least recent forgotten first): bounds the limits' memory", least=100)
+    trusted_proxies: Annotated[tuple[str, ...], NoDecode] = _var(
+        "PAYWIRE_TRUSTED_PROXIES", (), "addresses or networks of the reverse proxies in front of "
+        "paywire (comma-separated, e.g. 127.0.0.1,10.0.0.0/8): from these, X-Forwarded-For and "
+        "X-Forwarded-Proto name the real client; default none (the headers are ignored, the "
+        "peer's address is the client's)", accepts="comma-separated IP addresses or networks")
+    controls_refresh_seconds: float = _seconds(
+        "PAYWIRE_CONTROLS_REFRESH_SECONDS", 2.0, "how often each replica reads the operator's "
+        "skill switches and payer deny list again (a change reaches the other replicas within this)")
+    admin_token: SecretStr | None = _var(
+        "PAYWIRE_ADMIN_TOKEN", None, "the operator API's token: when set, /admin serves revenue, "
+        "payments, failures and pending settlements (JSON, CSV, and the operator page at /admin/), "
+        "the skill switches and the payer deny list to 'Authorization: Bearer <this token>'; unset: "
+        "nothing under /admin (the CLI still works)", secret=True,
+        accepts="a token of 32 to 256 printable characters without spaces (e.g. `openssl rand "
+        "-hex 32`)", min_length=32, max_length=256)
+
+    # --- what operators watch (agent/observability.py, agent/request_log.py)
+    metrics: bool = _var(
+        "PAYWIRE_METRICS", True, "serve Prometheus metrics at GET /metrics (they include revenue: set "
+        "PAYWIRE_METRICS_TOKEN, or keep the port off the internet)", accepts="true or false")
+    metrics_token: SecretStr | None = _var(
+        "PAYWIRE_METRICS_TOKEN", None, "when set, GET /metrics answers only 'Authorization: Bearer "
+        "<this token>'", secret=True, accepts="a token of 16 to 256 characters", min_length=16,
+        max_length=256)
+    log_format: Literal["text", "json"] = _var(
+        "PAYWIRE_LOG_FORMAT", "text", "log lines as text, or as JSON objects (one per line, with the "
+        "request id; a line per paid call on the paywire.calls logger)", accepts="text or json")
 
     # --- what is sold
     resource_dirs: Annotated[tuple[Path, ...], NoDecode] = _var(
@@ -290,7 +363,7 @@ class Settings(_FromEnvironment):
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """The settings of `env` (default: the process environment). ConfigError naming every
         variable at fault."""
-        token = _SOURCE.set(env)
+        token = _SOURCE.set(cls._source(env))
         try:
             settings = cls()
         except ValidationError as exc:
@@ -343,12 +416,6 @@ class Settings(_FromEnvironment):
         return out
 
     # ---- describing ----
-    @classmethod
-    def reference(cls) -> list[tuple[str, str, str]]:
-        """(variable, default as text, meaning) of every setting, in declaration order."""
-        return [(_alias(info), _default_text(info), info.description or "")
-                for info in cls.model_fields.values()]
-
     def effective(self) -> list[tuple[str, str, bool]]:
         """(variable, effective value as text with secrets masked, set in the environment?)."""
         rows = []
@@ -398,12 +465,39 @@ class Settings(_FromEnvironment):
                              "same format as skills/models/models.json)")
         return raw
 
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _proxies(cls, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        import ipaddress
+
+        found = []
+        for entry in (e.strip() for e in raw.split(",")):
+            try:
+                network = ipaddress.ip_network(entry, strict=False)
+                found.append(str(network.network_address) if network.num_addresses == 1
+                             else str(network))
+            except ValueError:
+                raise ValueError(f"lists {entry!r}, which is not an IP address or network (e.g. "
+                                 "127.0.0.1 or 10.0.0.0/8); list the proxies' addresses, comma-"
+                                 "separated") from None
+        return tuple(found)
+
     @field_validator("free_models", mode="before")
     @classmethod
     def _model_ids(cls, raw: Any) -> Any:
         if isinstance(raw, str):
             return frozenset(m.strip() for m in raw.split(",") if m.strip())
         return raw
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        """Sent in a header: printable ASCII without spaces (the value is never repeated)."""
+        if value is not None and not re.fullmatch(r"[!-~]+", value.get_secret_value()):
+            raise ValueError("must be printable ASCII without spaces (e.g. `openssl rand -hex 32`)")
+        return value
 
     @field_validator("facilitator_url")
     @classmethod
@@ -546,7 +640,7 @@ class PayerSettings(_FromEnvironment):
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PayerSettings:
-        token = _SOURCE.set(env)
+        token = _SOURCE.set(cls._source(env))
         try:
             return cls()
         except ValidationError as exc:
@@ -609,6 +703,8 @@ def _shown(name: str, value: Any, info: FieldInfo) -> str:
         from sqlalchemy.engine import make_url
 
         return make_url(value).render_as_string(hide_password=True)
+    if name == "trusted_proxies":
+        return ",".join(value)
     if isinstance(value, tuple):
         return os.pathsep.join(str(v) for v in value)
     if isinstance(value, frozenset):

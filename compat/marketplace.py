@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from agent.catalogue import usd_text
 from agent.gateway import CallRequest, Gateway
-from agent.http_io import HttpProblem, payment_from, read_json_object, render
+from agent.http_io import HttpProblem, client_address, payment_from, read_json_object, render
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
@@ -32,7 +32,7 @@ def _int_param(request: Request, name: str, default: int) -> int:
     return value
 
 
-def catalogue_item(skill: Any) -> dict[str, Any]:
+def catalogue_item(skill: Any, available: bool = True) -> dict[str, Any]:
     return {
         "resource_id": skill.id,
         "name": skill.name,
@@ -43,6 +43,7 @@ def catalogue_item(skill: Any) -> dict[str, Any]:
         "display_price": usd_text(skill.price_usd),
         "price_usd": format(skill.price_usd.normalize(), "f"),
         "endpoint": f"/v1/marketplace/api/{skill.id}",
+        "available": available,  # false: the operator switched it off (calls answer 503)
     }
 
 
@@ -68,7 +69,8 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
         if category:
             resources = [s for s in resources if category in (c.lower() for c in s.categories)]
         start = (page - 1) * page_size
-        items = [catalogue_item(s) for s in resources[start : start + page_size]]
+        items = [catalogue_item(s, gateway.catalogue.available(s.id))
+                 for s in resources[start : start + page_size]]
         data = {
             "items": items,
             "total": len(resources),
@@ -91,6 +93,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             payload=payload,
             resource_url=f"{base_url}/v1/marketplace/api/{resource_id}",
             payment=payment_from(request.headers),
+            client=client_address(request),
         ))
         return render(outcome, error_wrapper=_FAILED)
 

@@ -13,6 +13,7 @@ from starlette.routing import Route
 from agent.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
 from agent.http_io import (
     HttpProblem,
+    client_address,
     error_body,
     json_bytes,
     payment_from,
@@ -135,7 +136,10 @@ def respond(outcome: Outcome) -> Response:
         headers = timing_headers(outcome) | retry
         if outcome.receipt is not None:
             headers |= receipt_headers(outcome.receipt)
-        return EventStream(sse(outcome.stream), headers=headers, media_type="text/event-stream")
+        # X-Accel-Buffering: a reverse proxy that buffers answers (nginx's default) passes this
+        # one on event by event (deploy/nginx/paywire.conf turns buffering off anyway).
+        return EventStream(sse(outcome.stream), headers=headers | {"X-Accel-Buffering": "no"},
+                           media_type="text/event-stream")
     response = render(outcome)
     response.headers.update(retry)
     return response
@@ -150,7 +154,8 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
         skill = model_skill(gateway, body, operation)
         outcome = await gateway.call(CallRequest(
             skill_id=skill.id, skill=skill, payload=body, resource_url=f"{base_url}{path}",
-            payment=payment_from(request.headers), stream=body.get("stream") is True, operation=operation))
+            payment=payment_from(request.headers), stream=body.get("stream") is True, operation=operation,
+            client=client_address(request)))
         return respond(outcome)
 
     return Route(path, handle, methods=["POST"])

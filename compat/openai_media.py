@@ -22,7 +22,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from agent.gateway import CallRequest, Gateway
-from agent.http_io import BodyTooLarge, HttpProblem, payment_from, read_body, read_json_object
+from agent.http_io import (
+    BodyTooLarge,
+    HttpProblem,
+    client_address,
+    payment_from,
+    read_body,
+    read_json_object,
+)
 from agent.payloads import UploadedFile
 
 from .openai_common import json_model_route, model_skill, respond
@@ -191,7 +198,8 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
         skill = model_skill(gateway, payload, operation)
         return respond(await gateway.call(CallRequest(
             skill_id=skill.id, skill=skill, payload=payload, resource_url=f"{base_url}{path}",
-            payment=payment_from(request.headers), operation=operation)))
+            payment=payment_from(request.headers), operation=operation,
+            client=client_address(request))))
 
     async def image_generations(request: Request) -> Response:
         return await call(request, *IMAGES_JSON_ROUTE, await read_json_object(request, max_body_bytes))

@@ -8,6 +8,11 @@ paywire_payments       one row per payment (unique on its on-chain identity, and
 paywire_results        a paid call's result, kept (bounded by settings) so a retry carrying the
                        same payment gets it instead of a second charge
 paywire_payment_events what the reconciler did to a row (the hot path only logs its changes)
+paywire_skill_switches the operator's skill switches (payments/controls.py): a skill switched off
+                       answers 503 before any quote, on every replica
+paywire_denied_payers  payers whose payments are refused (403) before any facilitator is asked
+paywire_controls_version one row: a counter bumped by every change to the two tables above, so
+                       replicas notice a change with one tiny query
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -120,6 +126,7 @@ payments_table = Table(
     UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
     UniqueConstraint("payment_id", name="uq_payment_identifier"),
     Index("ix_payments_unfinished", "state", "lease_until"),
+    Index("ix_payments_created", "created_at"),  # reports by period
 )
 
 results_table = Table(
@@ -148,4 +155,30 @@ events_table = Table(
     Column("detail", Text),
     Index("ix_events_row", "payment_row"),
     Index("ix_events_at", "at"),
+)
+
+skill_switches_table = Table(
+    "paywire_skill_switches",
+    metadata,
+    Column("skill_id", String(200), primary_key=True),
+    Column("enabled", Boolean, nullable=False),
+    Column("reason", Text),
+    Column("changed_by", String(200), nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
+)
+
+denied_payers_table = Table(
+    "paywire_denied_payers",
+    metadata,
+    Column("payer", String(128), primary_key=True),  # as the ledger keys it: EVM lower case
+    Column("reason", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+controls_version_table = Table(
+    "paywire_controls_version",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
+    Column("version", BigInteger, nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
 )

@@ -25,7 +25,9 @@ from x402 import x402Client
 from x402.extensions.payment_identifier import append_payment_identifier_to_extensions
 from x402.mechanisms.evm.exact import register_exact_evm_client
 from x402.mechanisms.evm.signers import EthAccountSigner
-from x402.mechanisms.svm.exact import register_exact_svm_client
+from x402.mechanisms.svm.constants import V1_NETWORKS as SVM_V1_NETWORKS
+from x402.mechanisms.svm.exact import ExactSvmClientScheme
+from x402.mechanisms.svm.exact.v1.client import ExactSvmSchemeV1
 from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
 
@@ -158,23 +160,46 @@ async def pay(
             from eth_account import Account
 
             register_exact_evm_client(client, EthAccountSigner(Account.from_key(keys.evm_key)))
-        if keys.solana_key:
-            register_exact_svm_client(
-                client, KeypairSigner.from_base58(keys.solana_key), rpc_url=solana_rpc_url
-            )
+        solana = _register_solana(client, keys.solana_key, solana_rpc_url) if keys.solana_key else []
         only_chosen = required.model_copy(update={"accepts": [chosen]})
         extensions = None
         if isinstance(required, PaymentRequired) and required.extensions:
             extensions = append_payment_identifier_to_extensions(dict(required.extensions))
-        if extensions is not None:
-            payload = await client.create_payment_payload(only_chosen, extensions=extensions)
-        else:
-            payload = await client.create_payment_payload(only_chosen)
+        try:
+            if extensions is not None:
+                payload = await client.create_payment_payload(only_chosen, extensions=extensions)
+            else:
+                payload = await client.create_payment_payload(only_chosen)
+        finally:
+            _close_rpc_clients(solana)
         header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
         encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
         second = await _until_settled(http, method, url, data,
                                       {**base_headers, header: encoded}, timeout)
         return _result(second, price, str(chosen.network))
+
+
+def _register_solana(client: x402Client, secret: str, rpc_url: str | None) -> list[Any]:
+    """What `register_exact_svm_client` does (v2 on every Solana network, v1 on the legacy names),
+    keeping the schemes so their RPC clients can be closed."""
+    signer = KeypairSigner.from_base58(secret)
+    v2, v1 = ExactSvmClientScheme(signer, rpc_url), ExactSvmSchemeV1(signer, rpc_url)
+    client.register("solana:*", v2)
+    for network in SVM_V1_NETWORKS:
+        client.register_v1(network, v1)
+    return [v2, v1]
+
+
+def _close_rpc_clients(schemes: list[Any]) -> None:
+    """The SDK's Solana schemes build a payment over a synchronous solana-py client (an httpx
+    pool) per network and never close it: its socket would be left to the garbage collector (a
+    ResourceWarning). x402 2.25 keeps them in `_clients`, hence the defensive reads
+    (tests/test_cli.py checks that `paywire pay` leaves no warning)."""
+    for scheme in schemes:
+        for rpc in getattr(scheme, "_clients", {}).values():
+            session = getattr(getattr(rpc, "_provider", None), "session", None)
+            if session is not None:
+                session.close()
 
 
 # Answers that mean "this payment's call is not finished yet: send the same payment again".

@@ -16,6 +16,19 @@ from tests.support.postgres import PostgresServer, start_postgres, stop_postgres
 pytest_plugins = ["tests.support.model_env"]
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures tests reported (tests/support/reports.py), only when asked for: the default
+    output stays dots and the summary; the figures are in test-artifacts/ either way."""
+    from tests.support import reports
+
+    if not reports.shown():
+        return
+    for topic, lines in reports.reported().items():
+        terminalreporter.section(f"{topic} (test-artifacts/{topic}.txt)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """One real gateway on the devnet for the session; tests compare balances before/after."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from collections.abc import Iterator
@@ -40,8 +41,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def _pay(served: Served, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*PAYWIRE, "pay", *args], env=served.env, cwd=ROOT, text=True,
-                          capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    """`paywire pay` with every warning shown once (`-W default`, PYTHONWARNINGS unset), as a
+    developer would see them: the tests check that it prints none."""
+    env = {k: v for k, v in served.env.items() if k != "PYTHONWARNINGS"}
+    python, *module = PAYWIRE
+    return subprocess.run([python, "-W", "default", *module, "pay", *args], env=env, cwd=ROOT,
+                          text=True, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_serve_prints_the_devnet_banner_with_demo_payer_addresses(served: Served) -> None:
@@ -68,6 +73,7 @@ def test_paywire_pay_pays_and_prints_result_and_receipt(served: Served, network:
     out = _pay(served, url, "--data", '{"text": "Counting tokens, for real.", "model": "gpt-4o"}',
                "--network", network)
     assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no dependency's warning (solana-py's deprecated Client, a socket left open)
     assert "HTTP 200" in out.stdout and '"tokens"' in out.stdout
     for field in ("transaction", "network", "payer", "amount"):
         assert f"  {field}" in out.stdout
@@ -185,3 +191,51 @@ def test_config_prints_the_effective_values_with_secrets_masked(tmp_path: Path) 
                          capture_output=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.startswith("paywire: configuration error: PAYWIRE_PORT must be a whole number")
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+              ) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command of the parser, subcommands included, with the words that name it."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_commands_help_describes_each_option_its_default_and_the_variables_it_reads(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Walks the parser, so a command added later is held to the same: each option (and
+    argument) says what it is, one with a default says which, a command says which environment
+    variables it reads (its epilog), and `--help` prints all of it."""
+    from agent.cli import build_parser, main
+
+    commands = list(_commands(build_parser()))
+    assert {" ".join(path) for path, _ in commands} >= {
+        "", "serve", "config", "pay", "devnet", "skills", "skills check", "db", "db upgrade",
+        "db current", "ledger"}
+    for path, command in commands:
+        name = " ".join(("paywire", *path))
+        with pytest.raises(SystemExit) as exited:
+            main([*path, "--help"])
+        assert exited.value.code == 0
+        printed = " ".join(capsys.readouterr().out.split())
+        leaf = not any(isinstance(a, argparse._SubParsersAction) for a in command._actions)
+        if leaf:
+            assert command.epilog and "variable" in command.epilog, f"{name}: no epilog naming the variables"
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action._choices_actions:
+                    assert sub.help, f"{name} {sub.dest}: no help line"
+                continue
+            label = "/".join(action.option_strings) or action.dest
+            assert action.help and action.help.strip(), f"{name} {label}: no help"
+            described = " ".join(command._get_formatter()._expand_help(action).split())
+            assert described in printed, f"{name} {label}: help not printed"
+            default = action.default
+            if default in (None, argparse.SUPPRESS) or isinstance(default, bool) or action.nargs == 0:
+                continue
+            assert "default" in described and str(default) in described, (
+                f"{name} {label}: the help does not say its default ({default})")

@@ -56,6 +56,7 @@ from payments.devnet.solana import (
     SolanaDevnet,
 )
 from tests.support.jsonrpc_http import JsonRpcHttpServer
+from tests.support.reports import report
 
 # solana-py 0.39 deprecates its sync Client, which the SDK's SVM code uses.
 pytestmark = [
@@ -607,8 +608,9 @@ def test_base58_account_data_and_transactions() -> None:
     assert garbled["code"] == -32602
 
 
-async def test_timings_are_recorded(capsys: pytest.CaptureFixture[str]) -> None:
-    """Not a speed assertion: one warm verify and one settle per path, printed for the record."""
+async def test_timings_are_recorded() -> None:
+    """Not a speed assertion: one warm verify and one settle per path, kept for the record in
+    test-artifacts/devnet-solana-timings.txt (tests/support/reports.py)."""
     for mode in ("in_process", "rpc"):
         chain = Chain(mode)
         try:
@@ -624,8 +626,8 @@ async def test_timings_are_recorded(capsys: pytest.CaptureFixture[str]) -> None:
             t2 = time.perf_counter()
         finally:
             chain.close()
-        with capsys.disabled():
-            print(f"\n{mode}: verify {(t1 - t0) * 1000:.2f} ms, settle {(t2 - t1) * 1000:.2f} ms")
+        report("devnet-solana-timings",
+               f"{mode}: verify {(t1 - t0) * 1000:.2f} ms, settle {(t2 - t1) * 1000:.2f} ms")
 
 
 async def test_strict_rpc_signer_refuses_a_landed_but_failed_transaction() -> None:

@@ -264,7 +264,12 @@ def test_availability_names_the_variables_that_would_enable_a_model(catalog: Cat
     assert catalog.available("gpt-4o-mini", {"openrouter": ProviderAccess(api_key="sk-or")}) == (True, [])
     assert catalog.available("claude-sonnet-4-5", {})[1] == ["ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"]
     assert catalog.available("elevenlabs/sound-effects", {}) == (False, ["ELEVENLABS_API_KEY"])
-    assert catalog.available("local/llama3.2", {}) == (True, [])  # a local server needs no key
+    # a local server needs no key, but its URL: the table's default is only a guess
+    assert catalog.available("local/llama3.2", {}) == (False, ["LOCAL_LLM_BASE_URL"])
+    assert catalog.available("local/llama3.2", {"local": ProviderAccess(api_key="k")}) == (
+        False, ["LOCAL_LLM_BASE_URL"])
+    assert catalog.available("local/llama3.2", {"local": ProviderAccess(base_url="http://h:1/v1")}) == (
+        True, [])
     with pytest.raises(KeyError):
         catalog.available("no-such-model", {})
 
@@ -314,7 +319,8 @@ def test_provider_presets_and_base_url_override(catalog: Catalog) -> None:
     assert {key: spec.cap_field for key, spec in p.items()} == {
         key: "max_completion_tokens" if key == "openai" else "max_tokens" for key in p}
     local = p["local"]
-    assert (local.key_required, local.usable(none), local.url(none)) == (False, True, "http://127.0.0.1:11434/v1")
+    assert (local.key_required, local.usable(none), local.url(none)) == (False, False, "http://127.0.0.1:11434/v1")
+    assert local.usable(ProviderAccess(base_url="http://127.0.0.1:8080/v1"))
     assert local.url(ProviderAccess(base_url="http://127.0.0.1:8080/v1")) == "http://127.0.0.1:8080/v1"
 
 
@@ -443,6 +449,12 @@ def test_validation_of_ids_providers_and_kinds(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="provider 'openai' field 'api_key_env'"):
         load_catalog(write(tmp_path, doc))
 
+    doc = base_document()  # a keyless server is usable once its URL is set: the variable is needed
+    del doc["providers"]["local"]["base_url_env"]
+    with pytest.raises(ValueError, match="provider 'local' field 'base_url_env': required when "
+                                         "key_required is false"):
+        load_catalog(write(tmp_path, doc))
+
     doc = base_document()
     doc["providers"]["openai"]["cap_field"] = "max_output_tokens"
     with pytest.raises(ValueError, match="provider 'openai' field 'cap_field'"):
@@ -476,11 +488,13 @@ def test_targets_follow_the_upstream_order_and_the_access_given(catalog: Catalog
     both = {"openai": ProviderAccess(api_key="sk-o", base_url="http://127.0.0.1:9911/v1/"),
             "openrouter": ProviderAccess(api_key="sk-or")}
     assert model_targets(catalog, spec, both) == (
-        Target("openai", "http://127.0.0.1:9911/v1", "gpt-4o-mini", "sk-o", "max_completion_tokens"),
-        Target("openrouter", "https://openrouter.ai/api/v1", "openai/gpt-4o-mini", "sk-or", "max_tokens"))
-    # a keyless local server is always a target, at its base URL override when given
+        Target("openai", "http://127.0.0.1:9911/v1", "gpt-4o-mini", "sk-o", "max_completion_tokens",
+               "OPENAI_BASE_URL"),
+        Target("openrouter", "https://openrouter.ai/api/v1", "openai/gpt-4o-mini", "sk-or", "max_tokens",
+               "OPENROUTER_BASE_URL"))
+    # a keyless local server is a target once its base URL is configured
     local = catalog.models["local/llama3.2"]
-    assert [t.base_url for t in model_targets(catalog, local, {})] == ["http://127.0.0.1:11434/v1"]
+    assert model_targets(catalog, local, {}) == ()
     assert [t.base_url for t in model_targets(
         catalog, local, {"local": ProviderAccess(base_url="http://127.0.0.1:8080/v1")})] == [
         "http://127.0.0.1:8080/v1"]

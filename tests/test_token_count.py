@@ -37,6 +37,7 @@ from skills.tokens import (
     estimate_tokens,
     tokenizer_for,
 )
+from tests.support.reports import report
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_DIR = ROOT / "tests" / "data" / "token_corpus"
@@ -189,12 +190,13 @@ def corpus() -> Corpus:
 
 
 @pytest.fixture
-def show(capsys: pytest.CaptureFixture[str]) -> Iterator[Callable[[str], None]]:
-    """Print through pytest's capture so the figures appear in every test run."""
+def show() -> Iterator[Callable[[str], None]]:
+    """Keep the figures in test-artifacts/token-estimator.txt (tests/support/reports.py;
+    PAYWIRE_TEST_REPORTS=1 prints them at the end of the run; `python -m
+    tests.test_token_count` prints the whole report)."""
 
     def _show(line: str) -> None:
-        with capsys.disabled():
-            print(line)
+        report("token-estimator", line)
 
     yield _show
 

@@ -66,14 +66,16 @@ class Catalog:
 
     def available(self, model_id: str, providers: Mapping[str, ProviderAccess]) -> tuple[bool, list[str]]:
         """(True, []) when some upstream's provider can be called with `providers`; else (False, the
-        variables that would enable it, in upstream preference order). KeyError for an unknown model."""
+        variables that would enable it (keys; a keyless server's base URL), in upstream preference
+        order). KeyError for an unknown model."""
         needed: list[str] = []
         for upstream in self.models[model_id].upstreams:
             provider = self.providers[upstream.provider]
             if provider.usable(providers.get(upstream.provider, NO_ACCESS)):
                 return True, []
-            if provider.api_key_env and provider.api_key_env not in needed:
-                needed.append(provider.api_key_env)
+            variable = provider.enabled_by()
+            if variable and variable not in needed:
+                needed.append(variable)
         return False, needed
 
 

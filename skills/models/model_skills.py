@@ -66,7 +66,7 @@ def model_targets(catalog: Catalog, spec: ModelSpec, providers: Mapping[str, Pro
         access = providers.get(upstream.provider, NO_ACCESS)
         if provider.usable(access):
             targets.append(Target(upstream.provider, provider.url(access), upstream.model, access.api_key,
-                                  provider.cap_field))
+                                  provider.cap_field, provider.base_url_env))
     return tuple(targets)
 
 
@@ -109,7 +109,9 @@ def _info(spec: ModelSpec, enable_with: list[str] | None) -> Callable[[], dict[s
             "operations": list(spec.operations),
             "context_window": spec.context_window,
             "available": enable_with is None,
-            **({} if enable_with is None else {"enable_with": list(enable_with)}),
+            **({} if enable_with is None else {
+                "enable_with": list(enable_with),
+                "reason": f"not configured on this gateway: set {' or '.join(enable_with)} to enable it"}),
             "pricing": dict(pricing),
         }
 

@@ -104,8 +104,17 @@ class ProviderSpec:
     cap_field: CapField = "max_tokens"
 
     def usable(self, access: ProviderAccess) -> bool:
-        """True when a call can be made: the key is set, or none is needed (local servers)."""
-        return not self.key_required or bool(access.api_key)
+        """True when a call can be made: the key is set; for a provider that needs no key (a server
+        of the operator's own: Ollama, vLLM, llama.cpp), its base URL is set: the table's is only a
+        guess, and a model listed as available must not fail on a server nobody started."""
+        if self.key_required:
+            return bool(access.api_key)
+        return bool(access.base_url)
+
+    def enabled_by(self) -> str | None:
+        """The variable that makes this provider usable (`usable`): its key's, or for a keyless
+        one its base URL's."""
+        return self.api_key_env if self.key_required else self.base_url_env
 
     def url(self, access: ProviderAccess) -> str:
         """The base URL without a trailing slash: the access's override (tests use a loopback) or the

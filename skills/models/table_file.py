@@ -128,6 +128,9 @@ class ProviderEntry(_Strict):
     def problems(self) -> Iterator[Problem]:
         if self.key_required and not self.api_key_env:
             yield "api_key_env", "required when key_required is true: the variable holding the key"
+        if not self.key_required and not self.base_url_env:
+            yield "base_url_env", ("required when key_required is false: the variable naming the "
+                                   "server's URL (a keyless provider is usable once it is set)")
 
     def to_spec(self, name: str) -> ProviderSpec:
         return ProviderSpec(name=name, kind=self.kind, base_url=self.base_url, api_key_env=self.api_key_env,

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -39,9 +40,21 @@ class Target:
     api_key: str | None = None
     # The field its chat API takes the output cap in when the caller names none (the provider preset).
     cap_field: str = "max_tokens"
+    # The variable that sets `base_url` (e.g. OPENAI_BASE_URL), named when the upstream is unreachable.
+    base_url_env: str | None = None
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def where(self) -> str:
+        """`openai (http://127.0.0.1:9911/v1, set by OPENAI_BASE_URL)`: the provider, its base URL
+        without credentials, query or fragment, and the variable that sets it."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port is not None else ""
+        url = urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+        return f"{self.provider} ({url}" + (f", set by {self.base_url_env})" if self.base_url_env else ")")
 
 
 # A model's upstreams in preference order (built once per model at startup: model_skills.py).
@@ -127,7 +140,7 @@ class UpstreamClient:
     def _exhausted(self, errors: list[_Attempt]) -> UpstreamError:
         timeout = any(e.timeout for e in errors)
         detail = "; ".join(e.message for e in errors[-3:]) or "no upstream configured"
-        return (UpstreamTimeout if timeout else UpstreamError)(f"every upstream failed ({detail})")
+        return (UpstreamTimeout if timeout else UpstreamError)(f"every upstream failed: {detail}")
 
     # ---- calls ----
     async def request(self, targets: Targets, path: str, *, json_body: JsonBody | None = None,
@@ -155,9 +168,9 @@ class UpstreamClient:
             except _Attempt as exc:
                 errors.append(exc)
             except TimeoutError:
-                errors.append(_Attempt(f"{target.provider} timed out", timeout=True))
+                errors.append(_timed_out(target))
             except aiohttp.ClientError as exc:
-                errors.append(_Attempt(f"{target.provider} unreachable ({type(exc).__name__})"))
+                errors.append(_unreachable(target, exc))
             self._failed(target)
         raise self._exhausted(errors)
 
@@ -189,13 +202,34 @@ class UpstreamClient:
             except TimeoutError:
                 if started:
                     raise UpstreamTimeout("the model provider stopped answering mid-stream") from None
-                errors.append(_Attempt(f"{target.provider} timed out", timeout=True))
+                errors.append(_timed_out(target))
             except aiohttp.ClientError as exc:
                 if started:
                     raise UpstreamError("the model provider's stream broke off") from exc
-                errors.append(_Attempt(f"{target.provider} unreachable ({type(exc).__name__})"))
+                errors.append(_unreachable(target, exc))
             self._failed(target)
         raise self._exhausted(errors)
+
+
+def _timed_out(target: Target) -> _Attempt:
+    return _Attempt(f"{target.where()} timed out", timeout=True)
+
+
+def _unreachable(target: Target, exc: aiohttp.ClientError) -> _Attempt:
+    """A connection that failed before any answer: which kind, and where (the URL and the variable
+    that sets it, so the operator sees a wrong or unset base URL at once)."""
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        why = "its host name does not resolve"
+    elif isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        why = "TLS failed"
+    elif isinstance(exc, aiohttp.ClientConnectorError):
+        why = "connection refused" if isinstance(exc.os_error, ConnectionRefusedError) \
+            else "cannot connect"
+    elif isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
+        why = "connection dropped"
+    else:
+        why = type(exc).__name__
+    return _Attempt(f"{target.where()} unreachable: {why}")
 
 
 MAX_EVENT_LINE = 128 * 1024  # the line limit of aiohttp's own line reader, used here before

@@ -1,19 +1,18 @@
 """Fixtures of the fault-injection suite: one anvil and one `paywire devnet` for the session
 (chains outlive every gateway), one gateway on a SQLite file and two replicas on one PostgreSQL
-database, each deployment paying merchants of its own so scenarios can run side by side; and
-the counts of every scenario at the end of the run."""
+database, each deployment paying merchants of its own so scenarios can run side by side. Every scenario's
+counts go to test-artifacts/faults.txt (tests/support/reports.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from _pytest.terminal import TerminalReporter
 
 from tests.support.evm_anvil import anvil_missing, run_anvil
 from tests.support.postgres import PostgresServer
 
-from .harness import REPORTS, Chains, Deployment, EvmChain, SolanaChain
+from .harness import Chains, Deployment, EvmChain, SolanaChain
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +48,3 @@ def replicas(chains: Chains, postgres_server: PostgresServer,
     deployment.start()
     yield deployment
     deployment.close()
-
-
-def pytest_terminal_summary(terminalreporter: TerminalReporter) -> None:
-    if REPORTS:
-        terminalreporter.section("fault-injection counts")
-        for line in REPORTS:
-            terminalreporter.write_line(line)

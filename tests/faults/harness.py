@@ -47,6 +47,7 @@ from tests.support.evm_anvil import AnvilNode, AnvilUsdc
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.live_server import LedgerReader
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, quote, sign
+from tests.support.reports import report
 from tests.support.served_process import PAYWIRE, ROOT, free_port, paywire_env, start_paywire, stop
 
 RESOURCE = "/v1/marketplace/api/token-count-508"  # cheap, local, no upstream
@@ -68,7 +69,6 @@ SETTLEMENT_ENV = {
     "PAYWIRE_SETTLEMENT_RECEIPT_TIMEOUT_SECONDS": str(RECEIPT_TIMEOUT_SECONDS),
 }
 UNFINISHED = ("claimed", "settling", "pending")
-REPORTS: list[str] = []  # every scenario's counts, for the end-of-session summary (conftest.py)
 
 
 def _evm_key() -> str:
@@ -686,8 +686,9 @@ class Report:
 
 
 def note(line: str) -> None:
-    """Print a line of figures and keep it for the end-of-session summary."""
-    REPORTS.append(line)
+    """Print a line of figures (seen with `-s`) and keep it in test-artifacts/faults.txt
+    (tests/support/reports.py; PAYWIRE_TEST_REPORTS=1 prints them at the end of the run)."""
+    report("faults", line)
     print("\n" + line, flush=True)
 
 

@@ -181,6 +181,11 @@ def run_in_thread(app: Any, sock: socket.socket, startup_timeout: float = 60.0
     return server, thread
 
 
+# The suite is one loopback client making thousands of calls: the per-client rate limits
+# (payments/rate_limits.py) are off unless a test sets them (tests/test_abuse_limits.py).
+LIMITS_OFF = {"PAYWIRE_RATE_QUOTES_PER_MINUTE": "0", "PAYWIRE_RATE_PAYMENTS_PER_MINUTE": "0"}
+
+
 def start_server(data_dir: Path, env: dict[str, str] | None = None, devnet: Any = None,
                  startup_timeout: float = 60.0, database_url: str | None = None) -> LiveServer:
     """The gateway on `data_dir` (devnet keys; the SQLite database too unless `database_url`, a
@@ -189,6 +194,7 @@ def start_server(data_dir: Path, env: dict[str, str] | None = None, devnet: Any 
     settings = Settings.from_env({
         "PAYWIRE_DATA_DIR": str(data_dir),
         "PAYWIRE_PORT": str(port),
+        **LIMITS_OFF,
         **({"PAYWIRE_DATABASE_URL": database_url} if database_url else {}),
         **(env or {}),
     })

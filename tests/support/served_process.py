@@ -39,7 +39,11 @@ def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60) -> 
 
 
 def paywire_env(data_dir: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "PAYWIRE_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), **extra}
+    """The environment of a `paywire serve` process; the per-client rate limits are off (the
+    suite is one loopback client making many calls) unless `extra` sets them."""
+    limits_off = {"PAYWIRE_RATE_QUOTES_PER_MINUTE": "0", "PAYWIRE_RATE_PAYMENTS_PER_MINUTE": "0"}
+    return {**os.environ, "PAYWIRE_DATA_DIR": str(data_dir), "PYTHONPATH": str(ROOT), **limits_off,
+            **extra}
 
 
 def start_paywire(port: int, env: dict[str, str], *, stdout: int | IO[str] = subprocess.PIPE,

@@ -1,0 +1,171 @@
+"""What the gateway can refuse about a payment without asking the facilitator: only what every
+facilitator refuses, whoever the signer is.
+
+It runs after `processor.match` (the payload's `accepted` terms are the quote's: network,
+scheme, amount, asset, payTo) and `payload_shape` (the fields parse). What a client signs can
+still differ from what it says it accepted, so this checks the signed terms, as the SDK's
+`exact` facilitators do before any chain read, with the SDK's reasons:
+
+EVM (EIP-3009, x402 v1 and v2), in the SDK's order:
+- authorization.to is not the quote's payTo (`..._recipient_mismatch`);
+- authorization.value is not the quoted amount (`..._authorization_value_mismatch`);
+- validBefore is less than now + 6 s, the SDK's margin (`..._authorization_valid_before`);
+- validAfter is in the future (`..._authorization_valid_after`);
+- the signature carries the ERC-6492 suffix but is not an ERC-6492 wrapper: the SDK fails to
+  parse it before it looks at the chain (`invalid_exact_evm_failed_to_verify_signature`).
+A 65-byte signature that does not recover to `from` is NOT refused here: the SDK routes by the
+code at `from` (an EIP-1271 smart wallet, or an EIP-7702 delegated account, validates its own
+signatures), which only the chain can tell.
+
+Solana (SPL TransferChecked):
+- the transfer's mint is not the quoted asset (`..._mint_mismatch`), its destination is not the
+  payTo's associated token account (`..._recipient_mismatch`), or it moves less than the quote
+  (`..._amount_insufficient`);
+- a signature the client placed (every one but the fee payer's, which the facilitator adds) does
+  not verify over the message: the chain's signature check refuses the transaction whoever signed
+  it (the SDK answers `transaction_simulation_failed` after its simulation; so does this).
+The blockhash's age is not known without the chain: not checked.
+
+`proven_payer` says whether a payload proves who signed it (used to charge a payer's
+refused-payment budget, payments/rate_limits.py, only for payments its key signed).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from solders.transaction import VersionedTransaction
+from x402.mechanisms.evm import constants as evm
+from x402.mechanisms.evm.eip712 import hash_eip3009_authorization
+from x402.mechanisms.evm.erc6492 import is_erc6492_signature, parse_erc6492_signature
+from x402.mechanisms.evm.types import ExactEIP3009Authorization
+from x402.mechanisms.evm.utils import get_evm_chain_id
+from x402.mechanisms.evm.verify import verify_eoa_signature
+from x402.mechanisms.svm import constants as svm
+from x402.mechanisms.svm.utils import derive_ata, extract_transaction_info
+from x402.schemas import PaymentRequirements, VerifyResponse
+
+from .networks import lookup_network
+
+VALID_BEFORE_MARGIN_SECONDS = 6  # the SDK's: validBefore must be at least this far ahead
+
+wall_clock: Callable[[], float] = time.time  # the facilitator's clock is a wall clock too
+
+
+def local_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
+                  now: float | None = None) -> VerifyResponse | None:
+    """Why every facilitator would refuse this matched payment, as the verify answer one would
+    give (`is_valid=False`, the SDK's reason, a message naming the field), or None."""
+    moment = int(wall_clock() if now is None else now)
+    try:
+        if lookup_network(requirement.network).family == "evm":
+            return _eip3009_refusal(payload, requirement, moment)
+        return _solana_refusal(payload, requirement)
+    except (ValueError, IndexError, KeyError, TypeError):  # not provable here: the facilitator says
+        return None
+
+
+def _refused(reason: str, message: str, payer: str) -> VerifyResponse:
+    return VerifyResponse(is_valid=False, invalid_reason=reason, invalid_message=message, payer=payer)
+
+
+def _eip3009_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
+                     now: int) -> VerifyResponse | None:
+    auth = payload["authorization"]
+    payer = str(auth["from"])
+    if str(auth["to"]).lower() != requirement.pay_to.lower():
+        return _refused(evm.ERR_RECIPIENT_MISMATCH, "payload.authorization.to is not the quote's "
+                        f"payTo {requirement.pay_to}; sign the quoted terms", payer)
+    if int(auth["value"]) != int(requirement.amount):
+        return _refused(evm.ERR_AUTHORIZATION_VALUE_MISMATCH, "payload.authorization.value is "
+                        f"{auth['value']}, the quote is {requirement.amount}; sign the quoted amount",
+                        payer)
+    if int(auth["validBefore"]) < now + VALID_BEFORE_MARGIN_SECONDS:
+        return _refused(evm.ERR_VALID_BEFORE_EXPIRED, "payload.authorization.validBefore has passed "
+                        f"(or is less than {VALID_BEFORE_MARGIN_SECONDS} s away); sign a new payment",
+                        payer)
+    if int(auth["validAfter"]) > now:
+        return _refused(evm.ERR_VALID_AFTER_FUTURE, "payload.authorization.validAfter is in the "
+                        "future; sign a payment valid now", payer)
+    signature = bytes.fromhex(str(payload["signature"])[2:])
+    if is_erc6492_signature(signature):
+        try:
+            parse_erc6492_signature(signature)
+        except ValueError:
+            return _refused(evm.ERR_FAILED_TO_VERIFY_SIGNATURE, "payload.signature ends with the "
+                            "ERC-6492 suffix but is not an ERC-6492 wrapper", payer)
+    return None
+
+
+def _solana_refusal(payload: dict[str, Any], requirement: PaymentRequirements
+                    ) -> VerifyResponse | None:
+    tx = VersionedTransaction.from_bytes(base64.b64decode(payload["transaction"]))
+    info = extract_transaction_info(tx)
+    if info is None:  # no TransferChecked: the facilitator says which instruction is wrong
+        return None
+    if info.mint != requirement.asset:
+        return _refused(svm.ERR_MINT_MISMATCH, f"the transfer's mint is {info.mint}, the quote's "
+                        f"asset is {requirement.asset}", info.payer)
+    if info.destination_ata != _associated_account(requirement.pay_to, requirement.asset,
+                                                   info.token_program):
+        return _refused(svm.ERR_RECIPIENT_MISMATCH, "the transfer's destination is not the token "
+                        f"account of the quote's payTo {requirement.pay_to}", info.payer)
+    if info.amount < int(requirement.amount):
+        return _refused(svm.ERR_AMOUNT_INSUFFICIENT, f"the transfer moves {info.amount}, the quote "
+                        f"is {requirement.amount}; sign the quoted amount", info.payer)
+    if not all(_client_signatures(tx)):
+        return _refused(svm.ERR_SIMULATION_FAILED, "a signature in the transaction does not verify "
+                        "over its message; sign the transaction again", info.payer)
+    return None
+
+
+def proven_payer(payload: dict[str, Any], requirement: PaymentRequirements) -> str | None:
+    """The payer (normalized as the ledger keeps it) when the payload proves that its key signed
+    it, else None: EVM, a 65-byte signature of the EIP-3009 authorization that recovers to
+    `from` (a smart wallet's signature proves nothing here); Solana, the transfer's authority
+    signed the transaction and every signature the client placed verifies."""
+    try:
+        if lookup_network(requirement.network).family == "evm":
+            return _eip3009_signer(payload, requirement)
+        tx = VersionedTransaction.from_bytes(base64.b64decode(payload["transaction"]))
+        info = extract_transaction_info(tx)
+        if info is None:
+            return None
+        signers = [str(k) for k in tx.message.account_keys[:tx.message.header.num_required_signatures]]
+        results = _client_signatures(tx)
+        if info.payer in signers[1:] and all(results):
+            return info.payer
+        return None
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None
+
+
+def _eip3009_signer(payload: dict[str, Any], requirement: PaymentRequirements) -> str | None:
+    auth = payload["authorization"]
+    signature = bytes.fromhex(str(payload["signature"])[2:])
+    extra = requirement.extra or {}
+    if len(signature) != 65 or "name" not in extra or "version" not in extra:
+        return None
+    authorization = ExactEIP3009Authorization(
+        from_address=str(auth["from"]), to=str(auth["to"]), value=str(auth["value"]),
+        valid_after=str(auth["validAfter"]), valid_before=str(auth["validBefore"]),
+        nonce=str(auth["nonce"]))
+    digest = hash_eip3009_authorization(authorization, get_evm_chain_id(requirement.network),
+                                        requirement.asset, extra["name"], extra["version"])
+    if verify_eoa_signature(digest, signature, authorization.from_address):
+        return authorization.from_address.lower()
+    return None
+
+
+def _client_signatures(tx: VersionedTransaction) -> list[bool]:
+    """Whether each signature but the fee payer's (slot 0, the facilitator's) verifies."""
+    return list(tx.verify_with_results())[1:]
+
+
+@lru_cache(maxsize=256)
+def _associated_account(owner: str, mint: str, token_program: str) -> str:
+    return derive_ata(owner, mint, token_program)

@@ -1,0 +1,130 @@
+"""The operator page (GET /admin/, agent/operator_page/) in headless Chromium: Debian's
+/usr/bin/chromium driven by Playwright (the python package; no browser download). After real
+paid calls, one failure and one pending settlement on a live devnet server, the page asks for the
+token, then shows revenue and calls per day (an SVG with a point per day), the margin per skill,
+the recent payments with their transactions, the failures and the pending settlements, and
+exports the month's revenue. The screenshot is kept in test-artifacts/ (or
+$PAYWIRE_TEST_ARTIFACTS)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tests.support.live_server import LiveServer
+from tests.support.operator_ledger import (
+    FAILURE,
+    PENDING_TX,
+    SKILL,
+    add_failure_and_pending,
+    admin_token,
+    pay_calls,
+    start_admin_server,
+)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = admin_token()
+
+if not CHROMIUM.exists():
+    if os.environ.get("CI") == "true":  # CI must have it: `make test` installs it (`make chromium`)
+        raise RuntimeError(f"{CHROMIUM} is missing: `make chromium` installs Debian's chromium")
+    pytest.skip(f"{CHROMIUM} is missing: `make chromium` (apt-get install chromium) installs it",
+                allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]' installs playwright")
+
+
+def artifacts() -> Path:
+    folder = Path(os.environ.get("PAYWIRE_TEST_ARTIFACTS") or ROOT / "test-artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, list[str]]]:
+    live = start_admin_server(tmp_path_factory.mktemp("operator-page"), TOKEN)
+    try:
+        transactions = pay_calls(live, 3)
+        add_failure_and_pending(live)
+        yield live, transactions
+    finally:
+        live.stop()
+
+
+def test_the_operator_watches_revenue_and_failures(watched: tuple[LiveServer, list[str]],
+                                                   tmp_path: Path) -> None:
+    live, transactions = watched
+    problems: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1200, "height": 1000},
+                                          accept_downloads=True)
+            page = context.new_page()
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.set_default_timeout(15_000)
+            page.goto(f"{live.url}/admin/")
+
+            # the shell asks for the token and shows nothing else
+            assert page.locator("#token").is_visible() and page.locator("#board").is_hidden()
+            page.fill("#token", "0" * 48)
+            page.click("#login button[type=submit]")
+            page.wait_for_function("document.getElementById('login-error').textContent.length > 0")
+            assert "refused" in page.text_content("#login-error")  # type: ignore[operator]
+            problems.clear()  # the browser logs the refused requests' 401s as errors
+            page.fill("#token", TOKEN)
+            page.click("#login button[type=submit]")
+            page.wait_for_selector("body[data-loaded=true]")
+            assert page.locator("#login").is_hidden() and page.locator("#board").is_visible()
+            assert page.evaluate("sessionStorage.getItem('paywire.adminToken')") == TOKEN
+            assert TOKEN not in page.content()
+
+            # revenue and calls over time: a bar and a point per day, today's with the calls
+            today = datetime.now(UTC).strftime("%Y-%m-%d")
+            points = page.locator("#chart svg circle.point")
+            assert points.count() >= 30
+            assert page.get_attribute(f'#chart circle.point[data-day="{today}"]', "data-calls") == "3"
+            assert page.get_attribute(f'#chart rect.bar[data-day="{today}"]',
+                                      "data-revenue") == "0.01725"
+            assert float(page.get_attribute(f'#chart rect.bar[data-day="{today}"]', "height")) > 100  # type: ignore[arg-type]
+
+            cards = page.text_content("#cards") or ""
+            assert "$0.01725" in cards and "failures (24 h)1" in cards.replace(" ", " ")
+            margin = page.inner_text("#margin")
+            assert SKILL in margin and "$0.01725" in margin
+            payments = page.inner_text("#payments")
+            for tx in transactions:
+                assert tx in payments
+            failures = page.inner_text("#failures")
+            assert FAILURE in failures and "$0.0042" in failures  # the markup shown as text
+            assert page.locator("#failures script").count() == 0
+            pending = page.inner_text("#pending")
+            assert PENDING_TX in pending and "facilitator timed out" in pending
+
+            # the month's revenue, exported from the page
+            with page.expect_download() as download:
+                page.click("#export")
+            month = datetime.now(UTC).strftime("%Y-%m")
+            assert download.value.suggested_filename == f"revenue-{month}.csv"
+            exported = tmp_path / "revenue.csv"
+            download.value.save_as(exported)
+            rows = list(csv.DictReader(io.StringIO(exported.read_text())))
+            assert rows[-1]["skill"] == "(total)" and rows[-1]["revenue_usd"] == "0.01725"
+
+            shot = artifacts() / "operator-page.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert not problems, problems  # no script error, no CSP violation
+    assert shot.exists() and shot.stat().st_size > 20_000
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
