@@ -337,6 +337,12 @@ class Gateway:
         payer = paid.identity.key.normalized().payer
         denied = self.controls.denied(payer) if self.controls is not None else None
         if denied is not None:  # nothing asked of the facilitator, nothing claimed
+            # A payment that settled before the denial was charged: its retry still gets the
+            # result it paid for (never a new run, never a second settlement).
+            known = await self._known(paid)
+            if (known is not None and known.state == PaymentState.SETTLED
+                    and known.request_digest == paid.digest):
+                return await self._redeliver(paid, known)
             return refused(Refused(t, 403, PAYER_DENIED, f"payments from {payer} are refused by "
                                    "the operator; nothing was charged", param="payer"))
         throttled = limits.payment_blocked(None, payer) if limits is not None else None

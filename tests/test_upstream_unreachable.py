@@ -5,6 +5,7 @@ LOCAL_LLM_BASE_URL is set. A paid call that meets an unreachable upstream charge
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Iterator
 
@@ -49,6 +50,25 @@ async def test_a_refused_connection_names_the_url_and_its_variable(closed_port: 
         assert str(exc) == (f"every upstream failed: openai (http://127.0.0.1:{closed_port}/v1, "
                             "set by OPENAI_BASE_URL) unreachable: connection refused")
         assert not isinstance(exc, UpstreamTimeout)
+
+
+async def test_a_production_gateway_keeps_the_url_to_its_log(
+        closed_port: int, caplog: pytest.LogCaptureFixture) -> None:
+    """In production the caller is a stranger: the answer names the provider and the variable,
+    and the internal address goes to the operator's log only."""
+    target = Target("local", f"http://127.0.0.1:{closed_port}/v1", "llama3.2",
+                    base_url_env="LOCAL_LLM_BASE_URL")
+    client = UpstreamClient(retries_per_upstream=0, urls_in_errors=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="skills.models.upstream"):
+            with pytest.raises(UpstreamError) as raised:
+                await client.request([target], "/chat/completions", json_body=CHAT)
+    finally:
+        await client.aclose()
+    assert str(raised.value) == ("every upstream failed: local (set by LOCAL_LLM_BASE_URL) "
+                                 "unreachable: connection refused")
+    assert f"local (http://127.0.0.1:{closed_port}/v1, set by LOCAL_LLM_BASE_URL) unreachable: " \
+           "connection refused" in caplog.text
 
 
 async def test_tls_to_a_plain_server_and_a_timeout_are_named_too() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -28,6 +29,9 @@ from .. import wire_json
 from ..errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,15 +50,21 @@ class Target:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
-    def where(self) -> str:
+    def where(self, *, with_url: bool = True) -> str:
         """`openai (http://127.0.0.1:9911/v1, set by OPENAI_BASE_URL)`: the provider, its base URL
-        without credentials, query or fragment, and the variable that sets it."""
-        parts = urlsplit(self.base_url)
-        host = parts.hostname or ""
-        host = f"[{host}]" if ":" in host else host
-        port = f":{parts.port}" if parts.port is not None else ""
-        url = urlunsplit((parts.scheme, host + port, parts.path, "", ""))
-        return f"{self.provider} ({url}" + (f", set by {self.base_url_env})" if self.base_url_env else ")")
+        without credentials, query or fragment, and the variable that sets it. Without the URL
+        (what a stranger may read of a production gateway's internal addresses):
+        `openai (set by OPENAI_BASE_URL)`."""
+        said = []
+        if with_url:
+            parts = urlsplit(self.base_url)
+            host = parts.hostname or ""
+            host = f"[{host}]" if ":" in host else host
+            port = f":{parts.port}" if parts.port is not None else ""
+            said.append(urlunsplit((parts.scheme, host + port, parts.path, "", "")))
+        if self.base_url_env:
+            said.append(f"set by {self.base_url_env}")
+        return f"{self.provider} ({', '.join(said)})" if said else self.provider
 
 
 # A model's upstreams in preference order (built once per model at startup: model_skills.py).
@@ -64,15 +74,22 @@ JsonBody = dict[str, Any] | Callable[[Target], dict[str, Any]]
 
 
 class _Attempt(Exception):
-    def __init__(self, message: str, *, timeout: bool = False) -> None:
+    """One upstream that failed: `message` for the caller, `logged` (with the upstream's URL) for
+    the operator's log."""
+
+    def __init__(self, message: str, *, timeout: bool = False, logged: str | None = None) -> None:
         super().__init__(message)
-        self.message, self.timeout = message, timeout
+        self.message, self.timeout, self.logged = message, timeout, logged or message
 
 
 class UpstreamClient:
     def __init__(self, *, connect_timeout: float = 5.0, read_timeout: float = 120.0,
                  retries_per_upstream: int = 1, backoff_seconds: float = 0.05,
-                 failures_before_cooldown: int = 3, cooldown_seconds: float = 30.0) -> None:
+                 failures_before_cooldown: int = 3, cooldown_seconds: float = 30.0,
+                 urls_in_errors: bool = True) -> None:
+        # An unreachable upstream's base URL in the caller's error: on a devnet the caller is the
+        # operator; a production gateway keeps its internal addresses to its log.
+        self._urls_in_errors = urls_in_errors
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout,
                                               sock_read=read_timeout)
         self._retries = retries_per_upstream
@@ -137,9 +154,26 @@ class UpstreamClient:
             for attempt in range(self._retries + 1):
                 yield target, attempt
 
+    def _failure(self, target: Target, what: str, *, timeout: bool = False) -> _Attempt:
+        """Where it failed: the provider and the variable that sets its URL, and the URL itself
+        in the log (and in the caller's message when `urls_in_errors`)."""
+        logged = f"{target.where()} {what}"
+        told = logged if self._urls_in_errors else f"{target.where(with_url=False)} {what}"
+        return _Attempt(told, timeout=timeout, logged=logged)
+
+    def _timed_out(self, target: Target) -> _Attempt:
+        return self._failure(target, "timed out", timeout=True)
+
+    def _unreachable(self, target: Target, exc: aiohttp.ClientError) -> _Attempt:
+        """A connection that failed before any answer: which kind, and where (the URL and the
+        variable that sets it, so the operator sees a wrong or unset base URL at once)."""
+        return self._failure(target, f"unreachable: {_why_unreachable(exc)}")
+
     def _exhausted(self, errors: list[_Attempt]) -> UpstreamError:
         timeout = any(e.timeout for e in errors)
         detail = "; ".join(e.message for e in errors[-3:]) or "no upstream configured"
+        if errors:
+            log.warning("every upstream failed: %s", "; ".join(e.logged for e in errors[-3:]))
         return (UpstreamTimeout if timeout else UpstreamError)(f"every upstream failed: {detail}")
 
     # ---- calls ----
@@ -168,9 +202,9 @@ class UpstreamClient:
             except _Attempt as exc:
                 errors.append(exc)
             except TimeoutError:
-                errors.append(_timed_out(target))
+                errors.append(self._timed_out(target))
             except aiohttp.ClientError as exc:
-                errors.append(_unreachable(target, exc))
+                errors.append(self._unreachable(target, exc))
             self._failed(target)
         raise self._exhausted(errors)
 
@@ -202,22 +236,19 @@ class UpstreamClient:
             except TimeoutError:
                 if started:
                     raise UpstreamTimeout("the model provider stopped answering mid-stream") from None
-                errors.append(_timed_out(target))
+                errors.append(self._timed_out(target))
             except aiohttp.ClientError as exc:
                 if started:
                     raise UpstreamError("the model provider's stream broke off") from exc
-                errors.append(_unreachable(target, exc))
+                errors.append(self._unreachable(target, exc))
             self._failed(target)
         raise self._exhausted(errors)
 
 
-def _timed_out(target: Target) -> _Attempt:
-    return _Attempt(f"{target.where()} timed out", timeout=True)
 
 
-def _unreachable(target: Target, exc: aiohttp.ClientError) -> _Attempt:
-    """A connection that failed before any answer: which kind, and where (the URL and the variable
-    that sets it, so the operator sees a wrong or unset base URL at once)."""
+def _why_unreachable(exc: aiohttp.ClientError) -> str:
+    """Which kind of failure a connection that failed before any answer met."""
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         why = "its host name does not resolve"
     elif isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
@@ -229,7 +260,7 @@ def _unreachable(target: Target, exc: aiohttp.ClientError) -> _Attempt:
         why = "connection dropped"
     else:
         why = type(exc).__name__
-    return _Attempt(f"{target.where()} unreachable: {why}")
+    return why
 
 
 MAX_EVENT_LINE = 128 * 1024  # the line limit of aiohttp's own line reader, used here before

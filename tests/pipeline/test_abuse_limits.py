@@ -317,3 +317,24 @@ async def test_a_denied_payer_is_refused_before_verify_and_nothing_is_claimed(
     out = await pipeline.call("echo", BODY, await pipeline.pay("echo", BODY))
     assert isinstance(out, Delivered) and out.receipt is not None and out.receipt.success
     assert await controls.allow_payer(PAYER) is False
+
+
+async def test_a_payer_charged_before_its_denial_still_gets_what_it_paid_for(
+    pipeline: Pipeline,
+) -> None:
+    controls = Controls(pipeline.ledger.engine)
+    guard(pipeline, controls=controls)
+    payment = await pipeline.pay("echo", BODY)
+    first = await pipeline.call("echo", BODY, payment)
+    assert isinstance(first, Delivered) and first.receipt is not None
+    await controls.deny_payer(PAYER, reason="abuse")
+    again = await pipeline.call("echo", BODY, payment)  # the same payment: the kept result
+    assert isinstance(again, Delivered), again
+    assert again.result.body == {"echo": BODY}
+    assert again.receipt is not None and again.receipt.transaction == first.receipt.transaction
+    assert pipeline.facilitator.settle_calls == 1
+    other = await pipeline.call("echo", {"text": "other"}, payment)  # used for another request
+    assert isinstance(other, Refused) and other.code == "payer_denied", other
+    fresh = await pipeline.call("echo", BODY, await pipeline.pay("echo", BODY))  # a new payment
+    assert isinstance(fresh, Refused) and fresh.code == "payer_denied", fresh
+    assert pipeline.facilitator.settle_calls == 1 and len(await pipeline.rows()) == 1
