@@ -4,10 +4,10 @@ Payment, both ways, through the same `Gateway.call` as REST (same price, ledger,
 - HTTP level: a `PAYMENT-SIGNATURE` / `X-PAYMENT` header on the POST to /a2a is passed to the
   pipeline; the receipt goes to the task's status metadata (and, via `HttpPaymentScope`, to the
   HTTP response headers).
-- In band (a2a-x402 v0.2): an unpaid call leaves the task `input-required` with
-  `x402.payment.required`; the client answers on the same task with `payment-submitted` and
-  `x402.payment.payload`; the task completes with `x402.payment.receipts` or fails with
-  `x402.payment.error`.
+- In band (a2a-x402 v0.2, or v0.1: either URI activates it): an unpaid call leaves the task
+  `input-required` with `x402.payment.required` (x402's v1 form for a v0.1-only client); the
+  client answers on the same task with `payment-submitted` and `x402.payment.payload`; the task
+  completes with `x402.payment.receipts` or fails with `x402.payment.error`.
 
 Cancellation never cuts a settlement halfway. `PaywireRequestHandler` (a2a_tasks) refuses a
 cancel unless the task waits for payment with no call in flight, so the SDK never cancels running
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC
 from typing import Any
 
+from a2a.extensions.common import get_requested_extensions
 from a2a.helpers.proto_helpers import new_data_part, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
@@ -55,6 +56,8 @@ from .a2a_messages import (
     REQUEST_KEY,
     REQUIRED_KEY,
     STATUS_KEY,
+    X402_EXTENSION,
+    X402_V01_EXTENSIONS,
     MessageError,
     SkillCall,
     message_metadata,
@@ -94,6 +97,7 @@ OWNER_STATE = "paywire_owner"  # who owns the tasks this call creates: `wallet:.
 PAYMENT_STATE = "paywire_http_payment"  # the HttpPaymentScope of the HTTP request
 PRINCIPALS_STATE = "paywire_principals"  # every identity the caller proved; reads match any of them
 CLIENT_STATE = "paywire_client"  # the caller's address (per-client limits)
+LEGACY_EXTENSIONS_HEADER = "X-A2A-Extensions"  # A2A 0.3's name of the A2A-Extensions header
 NOBODY = "nobody"  # the owner of a call that proved nothing (it can only read nothing)
 # Headers that prove or pay: dropped from the SDK's call context (its DEBUG logs print contexts).
 SECRET_HEADERS = ("authorization", "cookie", "paywire-task-token", "sign-in-with-x",
@@ -113,7 +117,17 @@ class OwnerContextBuilder(DefaultServerCallContextBuilder):
         context.state[PRINCIPALS_STATE] = tuple(getattr(request.state, PRINCIPALS_STATE, ()))
         context.state[PAYMENT_STATE] = getattr(request.state, PAYMENT_STATE, None)
         context.state[CLIENT_STATE] = request.client.host if request.client is not None else None
+        # 0.3-era clients activate extensions with X-A2A-Extensions (the SDK reads A2A-Extensions)
+        context.requested_extensions |= get_requested_extensions(
+            request.headers.getlist(LEGACY_EXTENSIONS_HEADER))
         return context
+
+
+def wants_v1_quote(requested: set[str]) -> bool:
+    """A client that activated a2a-x402 v0.1 only gets the in-band quote in x402's v1 form
+    (`x402Version` 1, `maxAmountRequired`, v1 network names), the form v0.1 defines; it may pay
+    with a v1 or a v2 payload either way."""
+    return bool(requested & X402_V01_EXTENSIONS) and X402_EXTENSION not in requested
 
 
 def task_owner(context: ServerCallContext) -> str:
@@ -272,7 +286,8 @@ class PaywireExecutor(AgentExecutor):
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
             stream=True, operation=call.operation, client=caller_address(context)))
-        await self._finish(updater, outcome, scope, paid_attempt=payment is not None)
+        await self._finish(updater, outcome, scope, paid_attempt=payment is not None,
+                           v1_quote=wants_v1_quote(context.requested_extensions))
 
     async def _pay_pending(self, context: RequestContext, event_queue: _Recorder, task: Task,
                            meta: dict[str, Any]) -> None:
@@ -307,7 +322,7 @@ class PaywireExecutor(AgentExecutor):
         await self._finish(updater, outcome, http_scope(context), paid_attempt=True)
 
     async def _finish(self, updater: TaskUpdater, outcome: Outcome, scope: HttpPaymentScope | None,
-                      *, paid_attempt: bool) -> None:
+                      *, paid_attempt: bool, v1_quote: bool = False) -> None:
         if scope is not None:
             scope.outcomes.append(outcome)
         ctx, tid = updater.context_id, updater.task_id
@@ -364,7 +379,7 @@ class PaywireExecutor(AgentExecutor):
             return
         if isinstance(outcome, PaymentDemanded):
             if not paid_attempt:
-                required = _dump(outcome.required)
+                required = _dump(outcome.required_v1 if v1_quote else outcome.required)
                 await updater.requires_input(_agent_message(
                     ctx, tid, "Payment is required: sign one of the accepted x402 requirements "
                               "and send it on this task.",

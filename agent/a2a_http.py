@@ -36,11 +36,12 @@ from .a2a_executor import (
 )
 from .a2a_messages import (
     TOKEN_KEY,
-    X402_EXTENSION,
+    X402_EXTENSIONS,
     MessageError,
     coerce_numbers,
     parse_skill_call_json,
 )
+from .bazaar import HttpRoute
 from .gateway import SKILL_DISABLED, CallRequest, Gateway, PaymentDemanded, Refused
 from .http_io import InvalidJson, json_bytes, json_value, parse_json, payment_from, receipt_headers, render
 from .identity import (
@@ -59,6 +60,23 @@ V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "Ca
               "DeleteTaskPushNotificationConfig"}
 SEND_METHODS = {"SendMessage", "SendStreamingMessage", "message/send", "message/stream"}
 TOKEN_COOKIE = "paywire_task_token"
+
+
+def _send_example(skill: Any, example: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON-RPC request that calls `skill` with `example` (the message convention)."""
+    return {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+        "role": "user", "messageId": "1",
+        "parts": [{"kind": "data", "data": {"skill": skill.id, "input": example or {}}}]}}}
+
+
+# An unpaid A2A call's HTTP 402 describes the call for x402 indexers: a JSON-RPC send whose data
+# part names the skill (per skill: the same URL serves them all).
+A2A_ROUTE = HttpRoute(
+    "/a2a", wrap=_send_example, output_format="a JSON-RPC result: the task, the skill's answer as "
+                                              "its artifact (retry with the payment header)",
+    body_schema={"type": "object", "required": ["jsonrpc", "method", "params"], "properties": {
+        "jsonrpc": {"const": "2.0"}, "method": {"enum": sorted(SEND_METHODS)},
+        "params": {"type": "object", "required": ["message"]}}})
 
 
 class A2AHttpLayer:
@@ -143,7 +161,8 @@ class A2AHttpLayer:
         pay_scope = HttpPaymentScope(payment=payment_from(headers))
         scope = {**scope, "state": {**scope["state"], PAYMENT_STATE: pay_scope}}
         await self.app(scope, replay, _PaymentAwareSend(
-            send, pay_scope, scope, receive, minted, self._token_headers(minted)))
+            send, pay_scope, scope, receive, minted, self._token_headers(minted),
+            _activated_headers(headers)))
 
     async def _principals(self, rpc: Any, method: Any, headers: dict[str, str]
                           ) -> tuple[list[str], bool]:
@@ -188,9 +207,7 @@ class A2AHttpLayer:
         503 while payments are not ready, the 429 of a client out of quotes)."""
         if "payment-signature" in headers or "x-payment" in headers:
             return None
-        requested = {v.strip() for h in ("a2a-extensions", "x-a2a-extensions")
-                     for v in headers.get(h, "").split(",")}
-        if X402_EXTENSION in requested:
+        if x402_extensions_requested(headers):
             return None
         params = rpc.get("params")
         message = params.get("message") if isinstance(params, dict) else None
@@ -204,7 +221,8 @@ class A2AHttpLayer:
         if skill is None:
             return None
         outcome = await self.gateway.call(CallRequest(call.skill_id, call.input, self.rpc_url,
-                                                      operation=call.operation, client=client))
+                                                      operation=call.operation, client=client,
+                                                      route=A2A_ROUTE))
         if isinstance(outcome, PaymentDemanded):
             return outcome
         # payments not ready, or the client out of quotes: the HTTP answer a plain x402 client
@@ -221,15 +239,17 @@ class _PaymentAwareSend:
     event)."""
 
     def __init__(self, send: Any, pay: HttpPaymentScope, scope: Any, receive: Any,
-                 token: str | None, token_headers: list[tuple[bytes, bytes]]) -> None:
+                 token: str | None, token_headers: list[tuple[bytes, bytes]],
+                 activated: list[tuple[bytes, bytes]] | None = None) -> None:
         self.send, self.pay, self.scope, self.receive = send, pay, scope, receive
         self.token, self.token_headers = token, token_headers
+        self.activated = activated or []  # the A2A-Extensions echo
         self.start: dict[str, Any] | None = None
         self.buffer = b""
         self.passthrough = False
 
     def _headers(self, start: dict[str, Any], extra: list[tuple[bytes, bytes]]) -> dict[str, Any]:
-        headers = [*start.get("headers", []), *extra, *self.token_headers]
+        headers = [*start.get("headers", []), *extra, *self.token_headers, *self.activated]
         if self.token_headers and not any(k.lower() == b"cache-control" for k, _ in headers):
             headers.append((b"cache-control", b"no-store"))
         return {**start, "headers": headers}
@@ -274,6 +294,25 @@ class _PaymentAwareSend:
         if message["type"] == "http.response.start":
             message = self._headers(message, [])
         await self.send(message)
+
+
+def x402_extensions_requested(headers: dict[str, str]) -> list[str]:
+    """The a2a-x402 extension URIs (any version paywire speaks) a client activates with the
+    `A2A-Extensions` header (or 0.3's `X-A2A-Extensions`), in its order. `headers`: lower-case names."""
+    asked = [v.strip() for name in ("a2a-extensions", "x-a2a-extensions")
+             for v in headers.get(name, "").split(",")]
+    return [uri for uri in dict.fromkeys(asked) if uri in X402_EXTENSIONS]
+
+
+def _activated_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The answer names the extensions it activated, in the header the client used (both names
+    when it sent both): exactly the a2a-x402 URIs it asked for, v0.1 or v0.2."""
+    activated = x402_extensions_requested(headers)
+    if not activated:
+        return []
+    value = ", ".join(activated).encode()
+    return [(name.encode(), value) for name in ("a2a-extensions", "x-a2a-extensions")
+            if name in headers]
 
 
 def _message_metadata(rpc: Any) -> dict[str, Any] | None:

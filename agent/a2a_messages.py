@@ -21,6 +21,12 @@ from agent.catalogue import HELP_SKILL
 
 # The a2a-x402 extension (its URI and the metadata keys below): defined here once, the card imports it.
 X402_EXTENSION = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"
+# v0.1, as deployed clients send it (the a2a-x402 library of that version) and as its spec names it.
+# Same flow and metadata keys; a v0.1 client gets the quote in x402's v1 form (see the executor).
+X402_EXTENSION_V01 = "https://github.com/google-a2a/a2a-x402/v0.1"
+X402_EXTENSION_V01_SPEC = "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1"
+X402_EXTENSIONS = (X402_EXTENSION, X402_EXTENSION_V01, X402_EXTENSION_V01_SPEC)  # newest first
+X402_V01_EXTENSIONS = frozenset({X402_EXTENSION_V01, X402_EXTENSION_V01_SPEC})
 STATUS_KEY = "x402.payment.status"
 REQUIRED_KEY = "x402.payment.required"
 PAYLOAD_KEY = "x402.payment.payload"

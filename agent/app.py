@@ -49,12 +49,13 @@ from skills.resource_files import (
     load_entry_points,
     load_resource_dirs,
 )
-from wellknown import agent_card
+from wellknown import agent_card, catalogue_page, discovery, openapi
 
 from . import hygiene
 from .a2a_http import A2AHttpLayer
 from .gateway import Gateway
 from .http_io import HttpProblem, edge_error
+from .mcp_face import McpFace
 from .observability import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
 from .settings import ConfigError, Settings
 from .version import VERSION
@@ -395,6 +396,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
     a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings, card_factory())
+    mcp = McpFace(gateway, settings.base_url, settings.max_body_bytes)  # /mcp: the skills as MCP tools
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -415,7 +417,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         background = [asyncio.create_task(gateway.in_flight.run()),
                       asyncio.create_task(reconciler.run_forever()),
                       asyncio.create_task(controls.run_forever())]
-        yield
+        async with mcp.running():  # the MCP SDK's task group: each /mcp request's server runs in it
+            yield
         for task in [*background, *([asking] if asking is not None else [])]:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -455,7 +458,15 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                                     max_upload_bytes=settings.max_upload_bytes)
     route_list += marketplace.routes(gateway, settings.max_body_bytes, settings.base_url)
     route_list += a2a
+    route_list += mcp.routes()
     route_list += agent_card.routes(card_factory)
+    route_list += openapi.routes(gateway, settings.base_url, openapi.Surface(  # GET /openapi.json
+        openai_api.model_routes(), marketplace.DEFAULT_PAGE_SIZE, marketplace.MAX_PAGE_SIZE,
+        settings.max_body_bytes, settings.max_upload_bytes))
+    route_list += catalogue_page.routes(gateway, settings.base_url, VERSION)  # GET /: the catalogue page
+    # GET /discovery/resources and /.well-known/x402: every paid route, as x402 discovery lists it
+    route_list += discovery.routes(gateway, settings.base_url,
+                                   [*openai_api.described_routes(gateway), marketplace.INVOKE_ROUTE])
     if settings.admin_token is not None:  # unset: nothing under /admin (404 like any unknown path)
         from .admin import admin_mount
         from .admin_controls import control_routes

@@ -173,11 +173,14 @@ def _default(variable: str) -> str:
     return next(default for name, default, _ in Settings.reference() if name == variable)
 
 
-def _payer_help() -> str:
-    """The variables `paywire pay` reads, their defaults and meanings."""
+def _payer_help(command: str = "pay") -> str:
+    """The variables `paywire COMMAND` reads (pay, mcp), their defaults and meanings: each
+    PayerSettings field's meaning starts with the commands that read it."""
     lines = ["variables read (an option wins over its variable):"]
     for variable, default, meaning in PayerSettings.reference():
-        meaning = meaning.removeprefix("`paywire pay`: ")
+        readers, _, meaning = meaning.partition(": ")
+        if f"`paywire {command}`" not in readers:
+            continue
         text = f"{variable} (default {default}): {meaning}" if default != "-" else f"{variable}: {meaning}"
         lines += textwrap.wrap(text, width=100, initial_indent="  ", subsequent_indent="      ")
     return "\n".join(lines)
@@ -204,9 +207,27 @@ def _devnet_solana_rpc(url: str) -> str | None:
         return None
 
 
+def _payer_keys(payer: PayerSettings, solana_rpc: str | None, url: str) -> tuple[Any, str | None]:
+    """The payer's keys (PAYWIRE_PAYER_KEY, else the devnet demo payer's) and the Solana node to
+    build payments with (the option, PAYWIRE_SOLANA_RPC_URL, else a devnet paywire's at `url`).
+    PayError says what is missing."""
+    from payments.payer import PayerKeys, PayError
+
+    secret = payer.payer_key.get_secret_value() if payer.payer_key else ""
+    solana_rpc = solana_rpc or payer.solana_rpc_url or None
+    if secret:
+        return PayerKeys.from_secret(secret), solana_rpc
+    demo = _demo_keys(payer.data_dir)
+    if demo is None:
+        raise PayError("no payer key: set PAYWIRE_PAYER_KEY, or run `paywire serve` "
+                       "(devnet) from this folder first to create the demo payer")
+    keys = PayerKeys(evm_key=demo.evm_payer, solana_key=demo.sol_payer)  # type: ignore[attr-defined]
+    return keys, solana_rpc or _devnet_solana_rpc(url)
+
+
 def cmd_pay(args: argparse.Namespace) -> int:
     from payments.money import display_usd, usd_text
-    from payments.payer import PayerKeys, PayError, pay
+    from payments.payer import PayError, pay
 
     try:
         max_usd = Decimal(args.max.removeprefix("$"))
@@ -218,19 +239,8 @@ def cmd_pay(args: argparse.Namespace) -> int:
         payer = PayerSettings.from_env()
     except ConfigError as exc:
         return _config_error(exc, "paywire pay")
-    secret = payer.payer_key.get_secret_value() if payer.payer_key else ""
-    solana_rpc = args.solana_rpc or payer.solana_rpc_url or None
     try:
-        if secret:
-            keys = PayerKeys.from_secret(secret)
-        else:
-            demo = _demo_keys(payer.data_dir)
-            if demo is None:
-                raise PayError("no payer key: set PAYWIRE_PAYER_KEY, or run `paywire serve` "
-                               "(devnet) from this folder first to create the demo payer")
-            keys = PayerKeys(evm_key=demo.evm_payer, solana_key=demo.sol_payer)  # type: ignore[attr-defined]
-            if solana_rpc is None:
-                solana_rpc = _devnet_solana_rpc(args.url)
+        keys, solana_rpc = _payer_keys(payer, args.solana_rpc, args.url)
         headers = {}
         for h in args.header or []:
             name, sep, value = h.partition(":")
@@ -281,6 +291,99 @@ def cmd_pay(args: argparse.Namespace) -> int:
             if receipt.error_reason:
                 print(f"  error        {receipt.error_reason}")
     return 0 if 200 <= result.status < 300 else 1
+
+
+def _mcp_settings(args: argparse.Namespace) -> PayerSettings:
+    """PayerSettings with the options of `paywire mcp` in place of their variables (checked alike)."""
+    env = dict(os.environ)
+    for option, variable in (("server", "PAYWIRE_MCP_SERVER_URL"), ("network", "PAYWIRE_MCP_NETWORK"),
+                             ("max_per_call", "PAYWIRE_MCP_MAX_PER_CALL"),
+                             ("max_per_day", "PAYWIRE_MCP_MAX_PER_DAY"), ("ledger", "PAYWIRE_MCP_LEDGER"),
+                             ("solana_rpc", "PAYWIRE_SOLANA_RPC_URL")):
+        value = getattr(args, option, None)
+        if value is not None:
+            env[variable] = str(value)
+    try:
+        return PayerSettings.from_env(env)
+    except ConfigError as exc:  # name the option the user typed, not only its variable
+        given = {"PAYWIRE_MCP_SERVER_URL": "--server", "PAYWIRE_MCP_NETWORK": "--network",
+                 "PAYWIRE_MCP_MAX_PER_CALL": "--max-per-call", "PAYWIRE_MCP_MAX_PER_DAY": "--max-per-day",
+                 "PAYWIRE_MCP_LEDGER": "--ledger", "PAYWIRE_SOLANA_RPC_URL": "--solana-rpc"}
+        problems = []
+        for problem in exc.problems:
+            variable = problem.split(" ", 1)[0]
+            option = given.get(variable)
+            if option and getattr(args, option.removeprefix("--").replace("-", "_"), None) is not None:
+                problem = f"{option} ({variable}){problem[len(variable):]}"
+            problems.append(problem)
+        raise ConfigError.of(problems) from None
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from payments.payer import PayError
+
+    from .mcp_proxy import Caps, ProxyConfig, ProxyError, configure_logging, serve_stdio
+
+    try:
+        settings = _mcp_settings(args)
+    except ConfigError as exc:
+        return _config_error(exc, "paywire mcp")
+    if args.spent:
+        return _print_spent(settings, args)
+    if not settings.mcp_server_url:
+        print("paywire mcp: no server: pass --server URL (the remote MCP endpoint, e.g. "
+              "https://gateway.example/mcp) or set PAYWIRE_MCP_SERVER_URL", file=sys.stderr)
+        return CONFIG_ERROR
+    configure_logging(args.log_level)
+    try:
+        keys, solana_rpc = _payer_keys(settings, None, settings.mcp_server_url)
+    except PayError as exc:
+        print(f"paywire mcp: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
+    config = ProxyConfig(
+        server_url=settings.mcp_server_url, keys=keys, network=settings.mcp_network,
+        caps=Caps(per_call=settings.mcp_max_per_call, per_day=settings.mcp_max_per_day),
+        ledger_path=settings.mcp_ledger_path, solana_rpc_url=solana_rpc)
+    try:
+        asyncio.run(serve_stdio(config))
+    except ProxyError as exc:
+        print(f"paywire mcp: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _print_spent(settings: PayerSettings, args: argparse.Namespace) -> int:
+    """Today's total against the daily cap, then the latest payments (exact decimals)."""
+    from payments.money import display_usd, usd_text
+    from payments.spend_caps import SpendLedger, micros_usd
+
+    if not 1 <= args.limit <= 1000:
+        print(f"paywire mcp: --limit must be from 1 to 1000, got {args.limit}", file=sys.stderr)
+        return CONFIG_ERROR
+    path = settings.mcp_ledger_path
+    if not path.exists():
+        print(f"paywire mcp: no spend ledger at {path} yet (nothing paid; --ledger or "
+              "PAYWIRE_MCP_LEDGER names another)", file=sys.stderr)
+        return 1
+    ledger = SpendLedger(path)
+    day, spent = ledger.spent_today()
+    rows = ledger.recent(args.limit)
+    if args.json:
+        print(json.dumps({"day": day, "spent_usd": usd_text(micros_usd(spent)),
+                          "max_per_day_usd": usd_text(settings.mcp_max_per_day),
+                          "max_per_call_usd": usd_text(settings.mcp_max_per_call),
+                          "payments": [row.as_json() for row in rows]}, indent=2))
+        return 0
+    print(f"today (UTC {day}): {display_usd(micros_usd(spent))} counted of "
+          f"{display_usd(settings.mcp_max_per_day)} a day; at most "
+          f"{display_usd(settings.mcp_max_per_call)} a call; ledger {path}")
+    print(f"{'time (UTC)':<27}  {'status':<8}  {'USD':>10}  {'network':<41}  tool  (server)  transaction")
+    for row in rows:
+        print(f"{row.created_at:<27}  {row.status:<8}  {usd_text(row.usd):>10}  {row.network:<41}  "
+              f"{row.tool}  ({row.server})  {row.tx_hash or '-'}")
+    return 0
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:
@@ -892,6 +995,45 @@ def build_parser() -> argparse.ArgumentParser:
     payp.add_argument("--json", action="store_true",
                       help="print one JSON document (status, result, receipt, paid_usd)")
     payp.set_defaults(func=cmd_pay)
+
+    mcpp = sub.add_parser(
+        "mcp", help="a local stdio MCP server that pays a remote x402 MCP server's tools, within caps",
+        description="\n".join(textwrap.wrap(
+            "Serve MCP on stdin/stdout for a desktop agent (the command of its MCP config): the "
+            "tools of a remote MCP server (streamable HTTP: a paywire's /mcp, or any x402 MCP "
+            "server), paid from your key when the remote asks (x402's MCP transport). A payment "
+            "over --max-per-call, or past --max-per-day (UTC days; every payment not proven unspent "
+            "counts), is refused before anything is signed, and the tool call answers an error "
+            "saying which cap and how to raise it. Every payment is recorded in the spend ledger "
+            "(--spent prints it). Logs go to stderr, never the key, a payment or tool arguments.",
+            width=100)),
+        epilog=_payer_help("mcp"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    mcpp.add_argument("--server", metavar="URL",
+                      help="the remote MCP endpoint, e.g. https://gateway.example/mcp (default: "
+                      "PAYWIRE_MCP_SERVER_URL; required unless --spent)")
+    mcpp.add_argument("--network", help="pay on this network only: evm, solana, or a network id "
+                      "such as eip155:84532 (default: PAYWIRE_MCP_NETWORK, else the first option "
+                      "offered that the key can pay)")
+    mcpp.add_argument("--max-per-call", metavar="USD",
+                      help="the most one tool call may cost (default: PAYWIRE_MCP_MAX_PER_CALL, "
+                      f"else {PayerSettings.model_fields['mcp_max_per_call'].default})")
+    mcpp.add_argument("--max-per-day", metavar="USD",
+                      help="the most signed per UTC day (default: PAYWIRE_MCP_MAX_PER_DAY, else "
+                      f"{PayerSettings.model_fields['mcp_max_per_day'].default})")
+    mcpp.add_argument("--ledger", metavar="PATH",
+                      help="the spend ledger, a SQLite file (default: PAYWIRE_MCP_LEDGER, else "
+                      "mcp-spend.db in PAYWIRE_DATA_DIR)")
+    mcpp.add_argument("--solana-rpc", metavar="URL",
+                      help="the Solana node a Solana payment is built with (default: "
+                      "PAYWIRE_SOLANA_RPC_URL, else the devnet's when the server is a paywire devnet)")
+    mcpp.add_argument("--spent", action="store_true",
+                      help="print today's total and the latest payments from the ledger, and exit")
+    mcpp.add_argument("--limit", type=int, default=20, metavar="N",
+                      help="with --spent: at most N payments, newest first (default: %(default)s)")
+    mcpp.add_argument("--json", action="store_true", help="with --spent: print one JSON document")
+    mcpp.add_argument("--log-level", default="warning", choices=["error", "warning", "info", "debug"],
+                      help="log level on stderr (default: %(default)s; info logs each payment)")
+    mcpp.set_defaults(func=cmd_mcp)
 
     devnet = sub.add_parser(
         "devnet", help="run the devnet chains as their own process (gateways use them over RPC)",

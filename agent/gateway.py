@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -73,7 +73,9 @@ from skills.errors import (
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
 
+from .bazaar import Bazaar, HttpRoute, sellable
 from .catalogue import Catalogue
+from .price_terms import PaymentOption
 from .timing import Timings
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,10 @@ class CallRequest:
     stream: bool = False  # the caller takes chunks as they come, when the skill streams
     operation: str | None = None  # a model's endpoint (chat.completions...); None: the default
     client: str | None = None  # the caller's address (behind PAYWIRE_TRUSTED_PROXIES: the real one)
+    route: HttpRoute | None = None  # the face's paid route: its 402 describes it (x402 bazaar)
+    # x402 extensions a face that is not an HTTP route adds to its 402 (an MCP tool's bazaar
+    # description, agent/mcp_face.py); used when `route` is None
+    extensions: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -219,7 +225,10 @@ class Gateway:
     ) -> None:
         self.registry = registry
         self.payment_window_seconds = payment_window_seconds
-        self.catalogue = Catalogue(registry, controls)  # what faces may read of the registry
+        # what faces may read of the registry, with the networks and assets a payment may use
+        self.catalogue = Catalogue(registry, controls,
+                                   [PaymentOption.of(network, asset) for network, asset in processor.assets])
+        self.bazaar = Bazaar(self.catalogue)  # each route's x402 bazaar description, built once
         self.processor = processor
         self.ledger = ledger
         self.policy = policy or SettlementPolicy()
@@ -249,12 +258,62 @@ class Gateway:
         """The pipeline, then its outcome handed to the observer (metrics, the call's log line).
         An observer's failure never reaches the caller: the call may already have settled."""
         outcome = await self._call(req)
+        self._observe(req, outcome)
+        return outcome
+
+    def _observe(self, req: CallRequest, outcome: Outcome) -> None:
         if self.observer is not None:
             try:
                 self.observer.observe(req, outcome)
             except Exception:  # noqa: BLE001 - bookkeeping, never the caller's answer
                 log.exception("call observer failed")
+
+    async def quote_route(self, route: HttpRoute, resource_url: str,
+                          client: str | None = None) -> Outcome:
+        """An empty probe (no body, no payment) of a route every model serves (a /v1 model route):
+        no model is named, so the quote is the route's minimum, on the route's bazaar description,
+        and the 402's `error` says how a request is priced and where each model's prices are.
+        Paying it buys nothing: a paid call must name a model (the face refuses one that does not,
+        400, before anything is claimed or charged)."""
+        req = CallRequest("", None, resource_url, operation=route.operation, client=client,
+                          route=route)
+        outcome = self._quote_route(req, route)
+        self._observe(req, outcome)
         return outcome
+
+    def _quote_route(self, req: CallRequest, route: HttpRoute) -> Outcome:
+        t = Timings()
+        with t.stage("quote"):
+            terms = self.bazaar.terms(route, None)
+            model = self.bazaar.example_model(route.operation)
+        floor = terms.price_usd if terms is not None and terms.pricing == "fixed" else (
+            terms.min_usd if terms is not None else None)
+        if model is None or terms is None or not terms.paid or floor is None:
+            # nothing to quote (no model serves it, all are free, no declared minimum): the
+            # request must name its model, as OpenAI's API says
+            return Refused(t, 400, "missing_model", "'model' is required: a model id from "
+                           "GET /v1/models", param="model")
+        if not sellable(model):  # (the route's first available model, when it has one)
+            return Refused(t, 503, "model_unavailable",
+                           f"no model of {route.path} is available on this gateway; GET /v1/models "
+                           "says which variable enables each; nothing was charged")
+        if self.limits is not None:
+            throttled = self.limits.quote(req.client)
+            if throttled is not None:
+                return _throttled(t, throttled)
+        if not self.processor.ready:
+            return Refused(t, 503, "facilitator_unavailable", NOT_READY,
+                           retry_after=RETRY_AFTER_SECONDS)
+        how = (f"this is the route's minimum: a request is priced from its body ({terms.rule}); "
+               f"send one naming a model (each model's prices: {terms.model_prices or 'GET /v1/models'})"
+               if terms.pricing == "per_request" else
+               "send a request body naming a model (GET /v1/models lists them)")
+        resource = ResourceInfo(url=req.resource_url, description=route.description or route.path,
+                                mime_type="application/json")
+        requirements = self.processor.requirements(terms.atomic(floor))
+        described = self.bazaar.extension(route, None)
+        return PaymentDemanded(t, self.processor.payment_required(requirements, resource, how, described),
+                               self.processor.payment_required_v1(requirements, resource, how))
 
     async def _call(self, req: CallRequest) -> Outcome:
         t = Timings()
@@ -282,7 +341,13 @@ class Gateway:
                 op = skill.operation(req.operation)  # resolved once, used by every stage
                 if not probe:
                     skill.validate(payload, op)
-                atomic = usd_to_atomic(Decimal(op.pricer(payload)))
+                try:
+                    usd = op.pricer(payload)
+                except SkillInputError:
+                    if not probe or op.price_floor_usd is None:
+                        raise
+                    usd = op.price_floor_usd  # a probe of a request-priced skill: its minimum
+                atomic = usd_to_atomic(Decimal(usd))
             except SkillError as exc:  # bad input, or the skill cannot run here: before any quote
                 return _refusal(t, exc, before_quote=True)
         if atomic == 0:
@@ -292,13 +357,15 @@ class Gateway:
                            retry_after=RETRY_AFTER_SECONDS)
         resource = self.resource_info(skill, req.resource_url)
         requirements = self.processor.requirements(atomic)
+        # how the route is called, for x402 discovery (built once per route and skill)
+        described = self.bazaar.extension(req.route, skill) if req.route is not None else req.extensions
 
         def demand(reason: str | None = None, message: str | None = None,
                    receipt: SettleResponse | None = None) -> PaymentDemanded:
             error = message or reason
             return PaymentDemanded(
                 t,
-                self.processor.payment_required(requirements, resource, error),
+                self.processor.payment_required(requirements, resource, error, described),
                 self.processor.payment_required_v1(requirements, resource, error),
                 reason=reason, message=message, receipt=receipt,
             )

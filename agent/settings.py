@@ -631,12 +631,61 @@ class PayerSettings(_FromEnvironment):
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, extra="ignore")
 
     payer_key: SecretStr | None = _key(
-        "PAYWIRE_PAYER_KEY", "`paywire pay`: the payer's key (an EVM private key 0x... or a Solana "
-        "base58 secret key); default: the devnet demo payer")
+        "PAYWIRE_PAYER_KEY", "`paywire pay`, `paywire mcp`: the payer's key (an EVM private key "
+        "0x... or a Solana base58 secret key); default: the devnet demo payer")
     solana_rpc_url: str | None = _url(
-        "PAYWIRE_SOLANA_RPC_URL", "`paywire pay`: the Solana node a payment is built with")
+        "PAYWIRE_SOLANA_RPC_URL", "`paywire pay`, `paywire mcp`: the Solana node a payment is built with")
     data_dir: Path = _var("PAYWIRE_DATA_DIR", Path(".paywire"),
-                          "`paywire pay`: where the devnet demo payer's keys are", accepts="a folder")
+                          "`paywire pay`, `paywire mcp`: where the devnet demo payer's keys are (and "
+                          "the spend ledger of `paywire mcp`)", accepts="a folder")
+    # `paywire mcp` (agent/mcp_proxy.py): the paying stdio MCP proxy and its spend caps
+    mcp_server_url: str | None = _url(
+        "PAYWIRE_MCP_SERVER_URL", "`paywire mcp`: the remote MCP server (streamable HTTP) whose tools "
+        "it offers and pays for, e.g. https://gateway.example/mcp")
+    mcp_network: str | None = _var(
+        "PAYWIRE_MCP_NETWORK", None, "`paywire mcp`: pay on this network only: evm, solana, or a "
+        "network id such as eip155:84532 (default: the first offered that the key can pay)",
+        accepts="evm, solana, or a network id such as eip155:8453 or base")
+    mcp_max_per_call: Decimal = _var(
+        "PAYWIRE_MCP_MAX_PER_CALL", Decimal("0.10"), "`paywire mcp`: the most USD one tool call may "
+        "cost; a dearer call is refused before anything is signed", accepts="a USD amount")
+    mcp_max_per_day: Decimal = _var(
+        "PAYWIRE_MCP_MAX_PER_DAY", Decimal("1.00"), "`paywire mcp`: the most USD signed per UTC day "
+        "(every payment not proven unspent counts); a call past it is refused before anything is "
+        "signed", accepts="a USD amount")
+    mcp_ledger: Path | None = _var(
+        "PAYWIRE_MCP_LEDGER", None, "`paywire mcp`: the spend ledger, a SQLite file (default: "
+        "mcp-spend.db in PAYWIRE_DATA_DIR)", accepts="a file path")
+
+    @field_validator("mcp_server_url", "solana_rpc_url")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        problem = _url_problem(value) if value else None
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("mcp_network")
+    @classmethod
+    def _a_network(cls, value: str | None) -> str | None:
+        if value is None or value in ("evm", "solana"):
+            return value
+        try:
+            lookup_network(value)
+        except ValueError as exc:
+            raise ValueError(f"must be evm, solana, or a network id: {exc}") from None
+        return value
+
+    @field_validator("mcp_max_per_call", "mcp_max_per_day", mode="before")
+    @classmethod
+    def _a_cap(cls, value: Any) -> Decimal:
+        from payments.spend_caps import parse_cap
+
+        return parse_cap(str(value))  # CapError (a ValueError) says what a cap may be
+
+    @property
+    def mcp_ledger_path(self) -> Path:
+        return self.mcp_ledger or self.data_dir / "mcp-spend.db"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PayerSettings:

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent.bazaar import HttpRoute
 from agent.catalogue import usd_text
 from agent.gateway import CallRequest, Gateway
 from agent.http_io import HttpProblem, client_address, payment_from, read_json_object, render
@@ -15,6 +16,8 @@ from agent.http_io import HttpProblem, client_address, payment_from, read_json_o
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
 _FAILED = {"success": False}
+# A resource's call, as its 402 describes it to x402 indexers: its own input schema and example.
+INVOKE_ROUTE = HttpRoute("/v1/marketplace/api/{resource_id}")
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
@@ -32,7 +35,8 @@ def _int_param(request: Request, name: str, default: int) -> int:
     return value
 
 
-def catalogue_item(skill: Any, available: bool = True) -> dict[str, Any]:
+def catalogue_item(skill: Any, available: bool = True,
+                   price: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "resource_id": skill.id,
         "name": skill.name,
@@ -44,6 +48,8 @@ def catalogue_item(skill: Any, available: bool = True) -> dict[str, Any]:
         "price_usd": format(skill.price_usd.normalize(), "f"),
         "endpoint": f"/v1/marketplace/api/{skill.id}",
         "available": available,  # false: the operator switched it off (calls answer 503)
+        # the one price description (agent/price_terms.py): the catalogue page shows it
+        **({"price": price} if price is not None else {}),
     }
 
 
@@ -69,7 +75,8 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
         if category:
             resources = [s for s in resources if category in (c.lower() for c in s.categories)]
         start = (page - 1) * page_size
-        items = [catalogue_item(s, gateway.catalogue.available(s.id))
+        items = [catalogue_item(s, gateway.catalogue.available(s.id),
+                                gateway.catalogue.price_terms(s).as_json())
                  for s in resources[start : start + page_size]]
         data = {
             "items": items,
@@ -94,6 +101,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             resource_url=f"{base_url}/v1/marketplace/api/{resource_id}",
             payment=payment_from(request.headers),
             client=client_address(request),
+            route=INVOKE_ROUTE,
         ))
         return render(outcome, error_wrapper=_FAILED)
 

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from agent.bazaar import BodyType, HttpRoute
 from agent.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
 from agent.http_io import (
     HttpProblem,
@@ -24,6 +25,45 @@ from agent.http_io import (
 )
 
 NO_RETRY = {"x-should-retry": "false"}
+
+# What a model route's 402 tells x402 indexers besides its body schema (agent/bazaar.py): an
+# example body (the route's first available model is added) and what comes back.
+ROUTE_DOCS: dict[str, tuple[dict[str, Any] | None, str, str]] = {
+    "chat.completions": ({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64},
+                         "json", "an OpenAI chat.completion object; server-sent chat.completion.chunk "
+                                 "events when stream is true"),
+    "completions": ({"prompt": "Say hello.", "max_tokens": 16}, "json",
+                    "an OpenAI text_completion object; server-sent events when stream is true"),
+    "edits": ({"input": "helo wrld", "instruction": "Fix the spelling."}, "json",
+              "an OpenAI edit object"),
+    "embeddings": ({"input": "The quick brown fox."}, "json", "an OpenAI list of embeddings"),
+    "audio.speech": ({"input": "Hello!", "voice": "alloy"}, "binary",
+                     "the audio, audio/mpeg unless response_format names another"),
+    "audio.generations": ({"prompt": "Rain on a tin roof"}, "binary", "the audio, audio/mpeg"),
+    "images.generations": ({"prompt": "A red bicycle"}, "json", "an OpenAI images response"),
+    # multipart forms: the upload stands for the file sent in that field
+    "images.edits": ({"image": "(a PNG image)", "prompt": "Add a red hat"}, "json",
+                     "an OpenAI images response"),
+    "audio.transcriptions": ({"file": "(an audio file)"}, "json", "an OpenAI transcription object"),
+    "audio.translations": ({"file": "(an audio file)"}, "json", "an OpenAI translation object"),
+}
+
+
+def model_route(gateway: Gateway, path: str, operation: str, body_type: BodyType = "json") -> HttpRoute:
+    """A /v1 model route as its 402s describe it: one description for all its models."""
+    example, output, output_format = ROUTE_DOCS.get(operation, (None, "json", ""))
+    return HttpRoute(path, operation=operation, body_type=body_type, example=example,
+                     output_type=output, output_format=output_format, shared=True,
+                     model_required=gateway.default_model(operation) is None,
+                     description=f"OpenAI-compatible {operation} on any model of GET /v1/models, "
+                                 "paid per call with x402")
+
+
+def empty(request: Request) -> bool:
+    """The request has no body at all (no Content-Length or 0, not chunked): with no payment, an
+    indexer's probe, answered with the route's quote before any body is read or checked."""
+    return (request.headers.get("content-length", "0").strip() in ("", "0")
+            and "transfer-encoding" not in request.headers)
 
 
 DONE = b"data: [DONE]\n\n"  # an OpenAI stream's last event
@@ -147,15 +187,21 @@ def respond(outcome: Outcome) -> Response:
 
 def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes: int,
                      base_url: str) -> Route:
-    """POST `path` with a JSON body naming a model: the model's `operation`, paid per call."""
+    """POST `path` with a JSON body naming a model: the model's `operation`, paid per call. An
+    empty body without payment (`{}` or none: an indexer's probe) gets the route's quote."""
+    route = model_route(gateway, path, operation)
 
     async def handle(request: Request) -> Response:
         body = await read_json_object(request, max_body_bytes)
+        payment = payment_from(request.headers)
+        if not body and payment is None:
+            return respond(await gateway.quote_route(route, f"{base_url}{path}",
+                                                     client_address(request)))
         skill = model_skill(gateway, body, operation)
         outcome = await gateway.call(CallRequest(
             skill_id=skill.id, skill=skill, payload=body, resource_url=f"{base_url}{path}",
-            payment=payment_from(request.headers), stream=body.get("stream") is True, operation=operation,
-            client=client_address(request)))
+            payment=payment, stream=body.get("stream") is True, operation=operation,
+            client=client_address(request), route=route))
         return respond(outcome)
 
     return Route(path, handle, methods=["POST"])

@@ -32,7 +32,7 @@ from agent.http_io import (
 )
 from agent.payloads import UploadedFile
 
-from .openai_common import json_model_route, model_skill, respond
+from .openai_common import empty, json_model_route, model_route, model_skill, respond
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024  # OpenAI's own limit for audio and image uploads
 MAX_PARTS = 64  # far above any OpenAI form; a bound on work for a hostile one
@@ -176,11 +176,15 @@ def _typed(name: str, text: str) -> Any:
     return text
 
 
+def _multipart(request: Request) -> bool:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower() == "multipart/form-data"
+
+
 async def read_form(request: Request, limit: int, blame: str) -> dict[str, Any]:
     """The multipart body as a payload; HttpProblem 413 above `limit` bytes, 400 if malformed."""
-    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "multipart/form-data":
+    if not _multipart(request):
         raise HttpProblem(400, "invalid_content_type", "send multipart/form-data on this route, with "
-                          f"the upload in the '{blame}' field")
+                          f"the upload in the '{blame}' field", blame)
     try:
         raw = await read_body(request, limit)
     except BodyTooLarge:
@@ -194,18 +198,33 @@ async def read_form(request: Request, limit: int, blame: str) -> dict[str, Any]:
 
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
            max_upload_bytes: int = MAX_UPLOAD_BYTES) -> list[Route]:
+    described = {IMAGES_JSON_ROUTE[0]: model_route(gateway, *IMAGES_JSON_ROUTE),
+                 **{path: model_route(gateway, path, op, "form-data")
+                    for path, (op, _) in FORM_ROUTES.items()}}
+
     async def call(request: Request, path: str, operation: str, payload: dict[str, Any]) -> Response:
         skill = model_skill(gateway, payload, operation)
         return respond(await gateway.call(CallRequest(
             skill_id=skill.id, skill=skill, payload=payload, resource_url=f"{base_url}{path}",
             payment=payment_from(request.headers), operation=operation,
-            client=client_address(request))))
+            client=client_address(request), route=described[path])))
+
+    async def probe(request: Request, path: str) -> Response:
+        """An empty request without payment (an indexer's probe): the route's quote."""
+        return respond(await gateway.quote_route(described[path], f"{base_url}{path}",
+                                                 client_address(request)))
 
     async def image_generations(request: Request) -> Response:
-        return await call(request, *IMAGES_JSON_ROUTE, await read_json_object(request, max_body_bytes))
+        body = await read_json_object(request, max_body_bytes)
+        if not body and payment_from(request.headers) is None:
+            return await probe(request, IMAGES_JSON_ROUTE[0])
+        return await call(request, *IMAGES_JSON_ROUTE, body)
 
     def form_route(path: str, operation: str, blame: str) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
+            if payment_from(request.headers) is None and (empty(request) or (
+                    not _multipart(request) and not await read_json_object(request, max_body_bytes))):
+                return await probe(request, path)  # no body, or `{}`: the route's quote
             return await call(request, path, operation, await read_form(request, max_upload_bytes, blame))
 
         return handle

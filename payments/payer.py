@@ -29,13 +29,20 @@ from x402.mechanisms.svm.constants import V1_NETWORKS as SVM_V1_NETWORKS
 from x402.mechanisms.svm.exact import ExactSvmClientScheme
 from x402.mechanisms.svm.exact.v1.client import ExactSvmSchemeV1
 from x402.mechanisms.svm.signers import KeypairSigner
-from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
+from x402.schemas import (
+    PaymentPayload,
+    PaymentPayloadV1,
+    PaymentRequired,
+    PaymentRequiredV1,
+    SettleResponse,
+)
 
 from .codec import REQUIRED_HEADER, decode_base64_any, encode_json_b64
 from .money import atomic_to_usd, display_usd
 from .networks import KNOWN_NETWORKS, lookup_network
 
 _EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
+_MOST_DIGITS = 30  # an amount longer than this is no price (USDC's whole supply has 17 digits)
 
 
 class PayError(Exception):
@@ -103,10 +110,13 @@ def _family(network: str) -> str | None:
         return None
 
 
-def _usd(amount: str, asset: str, network: str) -> Decimal | None:
-    """Value of an amount in USD when the asset is a known USDC (6 decimals); else None."""
+def usd_value(amount: str, asset: str, network: str) -> Decimal | None:
+    """Value of an amount in USD when the asset is the USDC of that network (6 decimals) and the
+    amount a plain whole number; else None (the caller refuses to pay what it cannot value)."""
+    if not (amount.isascii() and amount.isdigit() and len(amount) <= _MOST_DIGITS):
+        return None
     for net in KNOWN_NETWORKS:
-        if net.usdc.lower() == asset.lower():
+        if net.usdc.lower() == asset.lower() and network in (net.caip2, net.v1_name):
             return atomic_to_usd(int(amount), net.decimals)
     return None
 
@@ -142,8 +152,8 @@ async def pay(
         if first.status_code != 402:
             return _result(first, None, None)
         required = parse_402(first)
-        chosen = _choose(required, keys, network)
-        price = _usd(chosen.get_amount(), chosen.asset, str(chosen.network))
+        chosen = choose_option(required, keys, network)
+        price = usd_value(chosen.get_amount(), chosen.asset, str(chosen.network))
         if price is None:
             raise PayError(f"the quote asks for {chosen.get_amount()} atomic units of asset "
                            f"{chosen.asset} on {chosen.network}, which this client cannot value "
@@ -154,29 +164,35 @@ async def pay(
             if confirm is None or not confirm(question):
                 raise PayError(f"the price {display_usd(price)} is above --max "
                                f"{display_usd(max_usd)}; not paid (raise --max to pay it)")
-        client = x402Client()
-        client.set_spend_controls(False)  # our own limit above is the one the user set
-        if keys.evm_key:
-            from eth_account import Account
-
-            register_exact_evm_client(client, EthAccountSigner(Account.from_key(keys.evm_key)))
-        solana = _register_solana(client, keys.solana_key, solana_rpc_url) if keys.solana_key else []
-        only_chosen = required.model_copy(update={"accepts": [chosen]})
-        extensions = None
-        if isinstance(required, PaymentRequired) and required.extensions:
-            extensions = append_payment_identifier_to_extensions(dict(required.extensions))
-        try:
-            if extensions is not None:
-                payload = await client.create_payment_payload(only_chosen, extensions=extensions)
-            else:
-                payload = await client.create_payment_payload(only_chosen)
-        finally:
-            _close_rpc_clients(solana)
+        payload = await sign_payment(required, chosen, keys, solana_rpc_url)
         header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
         encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
         second = await _until_settled(http, method, url, data,
                                       {**base_headers, header: encoded}, timeout)
         return _result(second, price, str(chosen.network))
+
+
+async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: Any, keys: PayerKeys,
+                       solana_rpc_url: str | None = None) -> PaymentPayload | PaymentPayloadV1:
+    """Sign a payment for the `chosen` option of a quote (the caller checked its price). When the
+    quote offers the `payment-identifier` extension, the payment names the call with a fresh id."""
+    client = x402Client()
+    client.set_spend_controls(False)  # the caller's own limits are the ones the user set
+    if keys.evm_key:
+        from eth_account import Account
+
+        register_exact_evm_client(client, EthAccountSigner(Account.from_key(keys.evm_key)))
+    solana = _register_solana(client, keys.solana_key, solana_rpc_url) if keys.solana_key else []
+    only_chosen = required.model_copy(update={"accepts": [chosen]})
+    extensions = None
+    if isinstance(required, PaymentRequired) and required.extensions:
+        extensions = append_payment_identifier_to_extensions(dict(required.extensions))
+    try:
+        if extensions is not None:
+            return await client.create_payment_payload(only_chosen, extensions=extensions)
+        return await client.create_payment_payload(only_chosen)
+    finally:
+        _close_rpc_clients(solana)
 
 
 def _register_solana(client: x402Client, secret: str, rpc_url: str | None) -> list[Any]:
@@ -244,8 +260,10 @@ def _retry_after(response: httpx.Response) -> float:
         return 1.0
 
 
-def _choose(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,
-            network: str | None) -> Any:
+def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,
+                  network: str | None) -> Any:
+    """The first `exact` option of a quote the keys can pay, on `network` when one is named
+    ("evm", "solana", or a network id); PayError naming what was offered when there is none."""
     usable = []
     for req in required.accepts:
         if req.scheme != "exact":

@@ -14,7 +14,7 @@ import contextvars
 import hashlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +170,12 @@ class PaymentProcessor:
     def networks(self) -> list[NetworkInfo]:
         return [p.network for p in self._pay_to]
 
+    @property
+    def assets(self) -> list[tuple[NetworkInfo, str]]:
+        """Each network a payment may use, with the token it is paid in (the network's USDC unless
+        configured otherwise, e.g. the devnet's): what the requirements will ask for."""
+        return [(p.network, p.asset or p.network.usdc) for p in self._pay_to]
+
     # Why quotes cannot be built yet; None once start() has the facilitator's supported kinds.
     _waiting: str | None = "the facilitator was not asked yet (start() was not called)"
 
@@ -255,9 +261,12 @@ class PaymentProcessor:
         requirements: list[PaymentRequirements],
         resource: ResourceInfo,
         error: str | None = None,
+        extensions: Mapping[str, Any] | None = None,
     ) -> PaymentRequired:
+        """The v2 quote. `extensions`: more for this route (the bazaar description a face's route
+        declares, agent/bazaar.py), offered beside the payment identifier."""
         return PaymentRequired(x402_version=2, error=error, resource=resource, accepts=requirements,
-                               extensions=dict(_EXTENSIONS))
+                               extensions={**_EXTENSIONS, **(extensions or {})})
 
     def payment_required_v1(
         self,

@@ -50,6 +50,12 @@ class Operation:
     pricer: Pricer
     validator: Validator | None = None
     streamer: Streamer | None = None
+    # Declared facts about the pricer, for the faces that describe the price before any request
+    # (OpenAPI, discovery, MCP, the catalogue page): taken from the constants the pricer uses.
+    # floor == cap: one fixed price. Unset: the price is computed per request, bounds unknown.
+    price_floor_usd: Decimal | None = None
+    price_cap_usd: Decimal | None = None
+    price_rule: str | None = None  # how the price is computed from the request, one sentence
 
 
 @dataclass
@@ -79,6 +85,11 @@ class Skill:
     # Raises SkillUnavailableError when the skill cannot run here (a key is not set); called
     # before every quote, so nobody pays for a call that cannot deliver.
     ready: Callable[[], None] | None = None
+    # A skill priced by a pricer may declare its bounds and rule (see Operation); a fixed price
+    # declares itself.
+    price_floor_usd: Decimal | None = None
+    price_cap_usd: Decimal | None = None
+    price_rule: str | None = None
 
     def __post_init__(self) -> None:
         if self.price_usd is None and self.pricer is None and not self.operations:
@@ -86,7 +97,12 @@ class Skill:
         self._schema = Draft202012Validator(self.input_schema)
         self._any_object = self.input_schema == _ANY_OBJECT
         # a resource's one implicit operation, built once (not per call)
-        self._default = Operation("default", self.run, self._own_price, self.validator, self.streamer)
+        fixed = self.price_usd if self.pricer is None else None
+        self._default = Operation(
+            "default", self.run, self._own_price, self.validator, self.streamer,
+            price_floor_usd=fixed if fixed is not None else self.price_floor_usd,
+            price_cap_usd=fixed if fixed is not None else self.price_cap_usd,
+            price_rule=None if fixed is not None else self.price_rule)
 
     def operation(self, name: str | None = None) -> Operation:
         """The endpoint a call runs: named, or the skill's default. SkillInputError if unknown."""

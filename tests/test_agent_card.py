@@ -179,8 +179,11 @@ def test_card_identity_interfaces_and_capabilities(card: AgentCard) -> None:
     assert [i.protocol_version for i in card.supported_interfaces] == ["1.0", "0.3"]
     assert {i.url for i in card.supported_interfaces} == {f"{BASE}/a2a"}
     assert card.capabilities.streaming is True
-    [ext] = card.capabilities.extensions
+    ext, *v01 = card.capabilities.extensions  # v0.2 first, then the v0.1 URIs clients still send
     assert ext.uri == X402_EXTENSION and ext.required is False and "402" in ext.description
+    assert [e.uri for e in v01] == ["https://github.com/google-a2a/a2a-x402/v0.1",
+                                    "https://google-a2a.github.io/A2A/extensions/payments/x402/v0.1"]
+    assert all(e.required is False and "v0.1" in e.description for e in v01)
     assert list(card.default_input_modes) == ["application/json", "text/plain"]
     assert list(card.default_output_modes) == ["application/json", "text/plain"]
     assert "USDC" in card.description and "x402" in card.description
@@ -320,8 +323,9 @@ def test_legacy_card_parses_with_the_sdk_0_3_model(card: AgentCard) -> None:
     assert model.name == "paywire" and model.description == card.description
     assert data["capabilities"]["streaming"] is True
     assert data["capabilities"]["extensions"] == [
-        {"uri": X402_EXTENSION, "description": card.capabilities.extensions[0].description,
-         "required": False}]
+        {"uri": e.uri, "description": e.description, "required": False}
+        for e in card.capabilities.extensions]
+    assert data["capabilities"]["extensions"][0]["uri"] == X402_EXTENSION
     assert data["defaultInputModes"] == ["application/json", "text/plain"]
     assert [s["id"] for s in data["skills"]] == [s.id for s in card.skills]
     explain = next(s for s in data["skills"] if s["id"] == "error-explain")

@@ -212,7 +212,7 @@ def test_every_commands_help_describes_each_option_its_default_and_the_variables
 
     commands = list(_commands(build_parser()))
     assert {" ".join(path) for path, _ in commands} >= {
-        "", "serve", "config", "pay", "devnet", "skills", "skills check", "db", "db upgrade",
+        "", "serve", "config", "pay", "mcp", "devnet", "skills", "skills check", "db", "db upgrade",
         "db current", "ledger"}
     for path, command in commands:
         name = " ".join(("paywire", *path))

@@ -192,6 +192,8 @@ def _stream_paid_chat(layout: Layout, http: httpx.Client, not_on: str
                        headers={**headers, "X-Request-Id": "deploy-test-quote"})
     assert quoted.status_code == 402, quoted.text
     assert quoted.headers["X-Request-Id"] == "deploy-test-quote"
+    # its x402 bazaar description makes the header larger than nginx's default proxy buffer (4k)
+    assert len(quoted.headers["PAYMENT-REQUIRED"]) > 4096
     # nginx takes turns (round robin): the paid request goes to the replica after the quote's.
     # If that is `not_on`, one request in between moves it on.
     if layout.served("deploy-test-quote") != not_on:

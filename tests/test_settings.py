@@ -118,6 +118,7 @@ def test_limits_are_settings_with_todays_defaults() -> None:
         "backoff_seconds": s.upstream_backoff_seconds,
         "failures_before_cooldown": s.upstream_failures_before_cooldown,
         "cooldown_seconds": s.upstream_cooldown_seconds,
+        "urls_in_errors": s.devnet,  # the devnet's caller is its operator (agent/app.py)
     }
     s = Settings.from_env({"PAYWIRE_MAX_UPLOAD_BYTES": "4096", "PAYWIRE_UPSTREAM_RETRIES": "0",
                            "PAYWIRE_HEADER_TIMEOUT_SECONDS": "2.5"})

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent.a2a_messages import X402_EXTENSION
+from agent.a2a_messages import X402_EXTENSION, X402_EXTENSIONS
 from agent.catalogue import HELP_SKILL, Catalogue, fixed_price_text
 from agent.http_io import json_bytes
 
@@ -61,6 +61,11 @@ EXTENSION_DESCRIPTION = (
     "x402.payment.status = payment-submitted and x402.payment.payload. Optional: without it, "
     "/a2a answers an unpaid call with HTTP 402 and the same quote, and the call is retried with a "
     "PAYMENT-SIGNATURE or X-PAYMENT header."
+)
+# The same flow under a2a-x402 v0.1's URIs, which deployed clients still activate.
+V01_EXTENSION_DESCRIPTION = (
+    "a2a-x402 v0.1: the same in-band flow as v0.2 (same metadata keys); the quote in "
+    "x402.payment.required comes in x402's v1 form. Optional."
 )
 
 
@@ -172,8 +177,9 @@ def build_agent_card(
         supported_interfaces=interfaces,
         capabilities=AgentCapabilities(
             streaming=True,
-            extensions=[AgentExtension(uri=X402_EXTENSION, description=EXTENSION_DESCRIPTION,
-                                       required=False)],
+            extensions=[AgentExtension(uri=uri, required=False, description=(
+                EXTENSION_DESCRIPTION if uri == X402_EXTENSION else V01_EXTENSION_DESCRIPTION))
+                for uri in X402_EXTENSIONS],
         ),
         default_input_modes=list(IO_MODES),
         default_output_modes=list(IO_MODES),

@@ -27,14 +27,19 @@ from .request_fields import (
     Field,
     FieldTable,
     boolean,
+    described,
     integer,
     obj,
     one_of,
+    schema_of,
     text,
 )
 from .spec import ModelSpec
 from .token_quotes import (
+    MAX_USD,
+    MIN_USD,
     SAMPLING,
+    TOKEN_RULE,
     Input,
     OutputBudget,
     json_tokens,
@@ -64,6 +69,7 @@ JSON_INPUTS = {"tools": "send fewer or shorter tools", "functions": "send fewer 
 
 
 def _items(check: Check, limit: int, what: str) -> Check:
+    @described({"type": "array", "items": schema_of(check) or {}, "maxItems": limit})
     def each(value: Any, name: str) -> None:
         if not isinstance(value, list) or len(value) > limit:
             raise SkillInputError(f"'{name}' must be an array of at most {limit} {what}", name)
@@ -75,6 +81,7 @@ def _items(check: Check, limit: int, what: str) -> Check:
 
 def _or_mode(modes: tuple[str, ...], named: Check) -> Check:
     """A mode string (auto, none...) or an object naming a function."""
+    @described({"anyOf": [{"enum": list(modes)}, schema_of(named) or {}]})
     def check(value: Any, name: str) -> None:
         if isinstance(value, str):
             one_of(*modes)(value, name)
@@ -84,12 +91,14 @@ def _or_mode(modes: tuple[str, ...], named: Check) -> Check:
     return check
 
 
+@described({"type": "array", "items": {"const": "text"}, "maxItems": 1})
 def _modalities(value: Any, name: str) -> None:
     if value != ["text"] and value != []:
         raise SkillInputError(f"'{name}' may only be [\"text\"]: audio output is billed as audio tokens, "
                               "which paywire does not price", name)
 
 
+@described({"const": False})
 def _store(value: Any, name: str) -> None:
     if value is not False:
         raise SkillInputError(f"'{name}' may only be false: a stored completion would be kept on "
@@ -223,7 +232,8 @@ def make_chat_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> 
         return metered_stream(client, targets, "/chat/completions", common, spec,
                               per_upstream=lambda t: budget.upstream(t.cap_field))
 
-    return Operation("chat.completions", run, price, validate, stream)
+    return Operation("chat.completions", run, price, validate, stream,
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE)
 
 
 async def metered_stream(client: Upstream, targets: Targets, path: str,

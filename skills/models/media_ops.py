@@ -49,6 +49,14 @@ from .upstream_port import Upstream
 SPEECH_USD = (Decimal("0.001"), Decimal("5.00"))
 TRANSCRIPTION_USD = (Decimal("0.001"), Decimal("1.00"))
 GENERATION_USD = (Decimal("0.001"), Decimal("0.10"))
+# How each quote is computed, in one sentence (the faces describe a price before any request).
+SPEECH_RULE = "the characters of input and instructions x the model's price per 1M characters"
+TRANSCRIPTION_RULE = ("the audio's duration (read from the file) x the model's price per minute, plus the "
+                      "prompt's estimated tokens x its input price on token-billed models")
+GENERATION_RULE = ("duration_seconds x the model's price per second, or its price per call when the "
+                   "provider picks the length")
+IMAGE_RULE = ("n x the price of one image of the requested size and quality, plus on token-billed models "
+              "the prompt's and input images' tokens x the input prices")
 
 SPEECH_FORMATS = {"mp3": "audio/mpeg", "opus": "audio/opus", "aac": "audio/aac", "flac": "audio/flac",
                   "wav": "audio/wav", "pcm": "audio/pcm"}
@@ -194,6 +202,11 @@ def image_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
         raise _image_option_error(body, spec)
     return one * int(body.get("n") or 1) + _input_usd(spec, prompt_tokens(body, spec),
                                                       input_image_tokens(body, spec))
+
+
+def cheapest_image(spec: ModelSpec) -> Decimal | None:
+    """The least an image call costs (one image of the cheapest size and quality); no fixed maximum."""
+    return min(spec.prices.per_image.values(), default=None)
 
 
 def input_images(body: dict[str, Any]) -> list[tuple[str, UploadedFile]]:
@@ -394,7 +407,8 @@ def make_speech_operation(spec: ModelSpec, targets: Targets, client: Upstream) -
                                                  "bytes": len(audio)}),
                            upstream_cost_usd=spec.upstream_cost(Decimal(chars) * per_mchars / MILLION))
 
-    return Operation("audio.speech", run, price, validate)
+    return Operation("audio.speech", run, price, validate, price_floor_usd=SPEECH_USD[0],
+                     price_cap_usd=SPEECH_USD[1], price_rule=SPEECH_RULE)
 
 
 def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, client: Upstream
@@ -442,7 +456,8 @@ def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, cli
         return SkillResult(body=raw, media_type=media_type, usage=_usage(target, facts),
                            upstream_cost_usd=cost)
 
-    return Operation(name, run, price, validate)
+    return Operation(name, run, price, validate, price_floor_usd=TRANSCRIPTION_USD[0],
+                     price_cap_usd=TRANSCRIPTION_USD[1], price_rule=TRANSCRIPTION_RULE)
 
 
 def make_transcription_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
@@ -482,7 +497,8 @@ def make_generation_operation(spec: ModelSpec, targets: Targets, client: Upstrea
                                   "audio_seconds": None if seconds is None else float(round(seconds, 3))}),
             upstream_cost_usd=spec.upstream_cost(generation_price(body, spec)))
 
-    return Operation("audio.generations", run, price, validate)
+    return Operation("audio.generations", run, price, validate, price_floor_usd=GENERATION_USD[0],
+                     price_cap_usd=GENERATION_USD[1], price_rule=GENERATION_RULE)
 
 
 def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: ModelSpec) -> SkillResult:
@@ -529,7 +545,8 @@ def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: U
                                               json_body=IMAGE_FIELDS.forward(body), raw=True)
         return _image_result(raw, target, body, spec)
 
-    return Operation("images.generations", run, price, validate)
+    return Operation("images.generations", run, price, validate, price_floor_usd=cheapest_image(spec),
+                     price_rule=IMAGE_RULE)
 
 
 def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
@@ -553,7 +570,8 @@ def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: Upstrea
         raw, target, _ = await _call(client, targets, "/images/edits", lambda t: _form(t, fields, files))
         return _image_result(raw, target, body, spec)
 
-    return Operation("images.edits", run, price, validate)
+    return Operation("images.edits", run, price, validate, price_floor_usd=cheapest_image(spec),
+                     price_rule=IMAGE_RULE)
 
 
 FACTORIES = {

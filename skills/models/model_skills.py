@@ -8,6 +8,7 @@ enable it), and each of its operations answers 503 naming that variable, before 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -15,9 +16,19 @@ from typing import Any
 from ..errors import SkillUnavailableError
 from ..skill import Operation, Payload, Skill, SkillResult
 from .catalog import Catalog
-from .chat import make_chat_operation
+from .chat import CHAT_FIELDS, make_chat_operation
 from .media_ops import FACTORIES as MEDIA_FACTORIES
+from .media_ops import (
+    GENERATION_FIELDS,
+    IMAGE_EDIT_FIELDS,
+    IMAGE_FIELDS,
+    SPEECH_FIELDS,
+    TRANSCRIPTION_FIELDS,
+    TRANSLATION_FIELDS,
+)
+from .request_fields import FieldTable
 from .spec import NO_ACCESS, ModelSpec, ProviderAccess
+from .text_ops import COMPLETIONS_FIELDS, EDITS_FIELDS, EMBEDDINGS_FIELDS
 from .text_ops import FACTORIES as TEXT_FACTORIES
 from .upstream import Target, Targets
 from .upstream_port import Upstream
@@ -26,6 +37,13 @@ OperationFactory = Callable[[ModelSpec, Targets, Upstream], Operation]
 # One per operation of the table (spec.OPERATIONS).
 OPERATION_FACTORIES: dict[str, OperationFactory] = {
     "chat.completions": make_chat_operation, **TEXT_FACTORIES, **MEDIA_FACTORIES}
+# What each operation's route accepts (request_fields.py), for the faces that describe the routes.
+OPERATION_FIELDS: dict[str, FieldTable] = {
+    "chat.completions": CHAT_FIELDS, "completions": COMPLETIONS_FIELDS, "edits": EDITS_FIELDS,
+    "embeddings": EMBEDDINGS_FIELDS, "audio.speech": SPEECH_FIELDS,
+    "audio.transcriptions": TRANSCRIPTION_FIELDS, "audio.translations": TRANSLATION_FIELDS,
+    "audio.generations": GENERATION_FIELDS, "images.generations": IMAGE_FIELDS,
+    "images.edits": IMAGE_EDIT_FIELDS}
 
 
 def build_model_skills(catalog: Catalog, client: Upstream, providers: Mapping[str, ProviderAccess],
@@ -86,14 +104,16 @@ def _unavailable(op: Operation, spec: ModelSpec, needed: list[str]) -> Operation
     def stream(body: Payload) -> AsyncIterator[Any]:
         raise refused()
 
-    return Operation(op.name, run, price, op.validator, stream if op.streamer else None)
+    # (the declared price facts stay: the listing shows what it will cost once enabled)
+    return dataclasses.replace(op, run=run, pricer=price, streamer=stream if op.streamer else None)
 
 
 def _free(op: Operation) -> Operation:
     def price(body: Payload) -> Decimal:
         return Decimal(0)
 
-    return Operation(op.name, op.run, price, op.validator, op.streamer)
+    return dataclasses.replace(op, pricer=price, price_floor_usd=Decimal(0), price_cap_usd=Decimal(0),
+                               price_rule=None)
 
 
 def _info(spec: ModelSpec, enable_with: list[str] | None) -> Callable[[], dict[str, Any]]:

@@ -66,6 +66,19 @@ class FieldTable:
     def accepted(self) -> str:
         return ", ".join(name for name, f in self.fields.items() if f.kind != REFUSED)
 
+    def json_schema(self) -> dict[str, Any]:
+        """The body this table accepts, as JSON Schema (Draft 2020-12, OpenAPI 3.1's dialect): each
+        accepted field with what its check declares (`described`), null meaning absent; no other
+        field. A field checked by its operation's validator has no declared schema here."""
+        properties: dict[str, Any] = {}
+        for name, f in self.fields.items():
+            if f.kind == REFUSED:
+                continue
+            declared = schema_of(f.check)
+            kind = {PRICED: "priced", BUDGET: "an output budget, priced", FREE: "free"}[f.kind]
+            properties[name] = {**_nullable(declared), "description": f"paywire: {kind}"}
+        return {"type": "object", "properties": properties, "additionalProperties": False}
+
     def _known(self, name: str) -> Field:
         field = self.fields.get(name)
         if field is None:
@@ -79,14 +92,38 @@ class FieldTable:
 
 
 # ---------------------------------------------------------------------------------------------- checks
+# Each check built here carries the JSON Schema of what it accepts (`schema_of`), so a route's body
+# can be described (OpenAPI) from the very checks that enforce it.
 
 
+def described(schema: dict[str, Any]) -> Callable[[Check], Check]:
+    def attach(check: Check) -> Check:
+        check.json_schema = schema  # type: ignore[attr-defined]
+        return check
+
+    return attach
+
+
+def _nullable(schema: dict[str, Any] | None, nullable: bool = True) -> dict[str, Any]:
+    """`schema`, or null where null means absent; {} (anything) for an undeclared check."""
+    if not schema:
+        return {}
+    return {"anyOf": [schema, {"type": "null"}]} if nullable else schema
+
+
+def schema_of(check: Check | None) -> dict[str, Any] | None:
+    """What `check` accepts as JSON Schema; None for a check that does not declare it."""
+    return getattr(check, "json_schema", None)
+
+
+@described({"type": "boolean"})
 def boolean(value: Any, name: str) -> None:
     if not isinstance(value, bool):
         raise SkillInputError(f"'{name}' must be true or false", name)
 
 
 def number(low: float, high: float) -> Check:
+    @described({"type": "number", "minimum": low, "maximum": high})
     def check(value: Any, name: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
             raise SkillInputError(f"'{name}' must be a number from {low:g} to {high:g}", name)
@@ -95,6 +132,7 @@ def number(low: float, high: float) -> Check:
 
 
 def integer(low: int, high: int) -> Check:
+    @described({"type": "integer", "minimum": low, "maximum": high})
     def check(value: Any, name: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise SkillInputError(f"'{name}' must be a whole number from {low} to {high}", name)
@@ -103,6 +141,7 @@ def integer(low: int, high: int) -> Check:
 
 
 def text(max_len: int, *, empty: bool = False) -> Check:
+    @described({"type": "string", "minLength": 0 if empty else 1, "maxLength": max_len})
     def check(value: Any, name: str) -> None:
         if not isinstance(value, str) or (not value and not empty):
             raise SkillInputError(f"'{name}' must be a {'' if empty else 'non-empty '}string", name)
@@ -117,6 +156,7 @@ def one_of(*allowed: Any, why: str = "") -> Check:
     """`why` explains a refusal of the other values (e.g. the upstream bills them at other rates)."""
     shown = ", ".join(str(a) for a in allowed)
 
+    @described({"enum": list(allowed)})
     def check(value: Any, name: str) -> None:
         if isinstance(value, bool) or value not in allowed:
             raise SkillInputError(f"'{name}' must be one of {shown}, got {value!r}"
@@ -128,7 +168,9 @@ def one_of(*allowed: Any, why: str = "") -> Check:
 def texts(max_items: int, max_len: int) -> Check:
     """A string or an array of at most `max_items` strings (e.g. `stop`)."""
     one = text(max_len, empty=True)
+    string = {"type": "string", "maxLength": max_len}
 
+    @described({"anyOf": [string, {"type": "array", "items": string, "maxItems": max_items}]})
     def check(value: Any, name: str) -> None:
         items = [value] if isinstance(value, str) else value
         if not isinstance(items, list) or len(items) > max_items:
@@ -142,6 +184,15 @@ def texts(max_items: int, max_len: int) -> Check:
 
 def obj(fields: Mapping[str, Check | None] | None = None, *, required: Sequence[str] = ()) -> Check:
     """A JSON object; with `fields`, only those keys (each checked when not null)."""
+    schema: dict[str, Any] = {"type": "object"}
+    if fields is not None:
+        schema["properties"] = {key: _nullable(schema_of(inner), key not in required)
+                                for key, inner in fields.items()}
+        schema["additionalProperties"] = False
+    if required:
+        schema["required"] = list(required)
+
+    @described(schema)
     def check(value: Any, name: str) -> None:
         if not isinstance(value, dict):
             raise SkillInputError(f"'{name}' must be an object", name)

@@ -23,7 +23,11 @@ from .chat import metered_stream
 from .request_fields import BUDGET, FREE, PRICED, Field, FieldTable, boolean, integer, one_of, text
 from .spec import ModelSpec
 from .token_quotes import (
+    EMBEDDINGS_RULE,
+    MAX_USD,
+    MIN_USD,
     SAMPLING,
+    TOKEN_RULE,
     Input,
     output_budget,
     token_cost,
@@ -151,7 +155,8 @@ def make_completions_operation(spec: ModelSpec, targets: Targets, client: Upstre
     def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
         return metered_stream(client, targets, "/completions", completions_upstream_body(body, spec), spec)
 
-    return Operation("completions", run, price, validate, stream)
+    return Operation("completions", run, price, validate, stream,
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE)
 
 
 # ---- edits ---------------------------------------------------------------------------------------
@@ -215,7 +220,8 @@ def make_edits_operation(spec: ModelSpec, targets: Targets, client: Upstream) ->
         return SkillResult(body=edit, usage=usage_record(usage, target),
                            upstream_cost_usd=token_cost(usage, spec))
 
-    return Operation("edits", run, price, validate)
+    return Operation("edits", run, price, validate,
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE)
 
 
 # ---- embeddings ----------------------------------------------------------------------------------
@@ -258,7 +264,8 @@ def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: Upstrea
         return SkillResult(body=answer, usage=usage_record(usage, target),
                            upstream_cost_usd=token_cost(usage, spec))  # (prompt tokens only)
 
-    return Operation("embeddings", run, price, validate)
+    return Operation("embeddings", run, price, validate,
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=EMBEDDINGS_RULE)
 
 
 FACTORIES = {

@@ -31,18 +31,25 @@ from typing import Any
 
 from ..errors import SkillInputError
 from ..tokens import estimate_tokens
-from .request_fields import FREE, Field, boolean, integer, number, obj, text, texts
+from .request_fields import FREE, Field, boolean, described, integer, number, obj, text, texts
 from .spec import CAP_FIELDS, ModelSpec
 from .upstream import Target
 
 MIN_USD = Decimal("0.0001")
 MAX_USD = Decimal("0.50")
 MILLION = Decimal(1_000_000)
+# How the quote is computed, in one sentence, for the faces that describe a price before a request.
+TOKEN_RULE = ("estimated input tokens x the model's input price, plus the output cap (max_tokens or "
+              "max_completion_tokens, else the model's default) x the completions asked (n) x its "
+              "output price")
+EMBEDDINGS_RULE = "estimated input tokens x the model's input price"
 MAX_CHOICES = 128  # OpenAI's upper bound for `n` and `best_of`
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 300
 
 
+@described({"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+            "maxProperties": MAX_LOGIT_BIAS})
 def _logit_bias(value: Any, name: str) -> None:
     if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
         raise SkillInputError(f"'{name}' must be an object of at most {MAX_LOGIT_BIAS} token ids -> "

@@ -111,6 +111,11 @@ class LiveServer:
         return self.runtime.devnet
 
     @property
+    def app(self) -> Any:
+        """The ASGI app being served (its routes, for the OpenAPI drift test)."""
+        return self._server.config.app
+
+    @property
     def database(self) -> str:
         """Which database the server runs on: "sqlite" or "postgresql"."""
         return self.runtime.settings.db_url.split(":", 1)[0].split("+", 1)[0]

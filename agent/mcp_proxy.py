@@ -1,0 +1,295 @@
+"""`paywire mcp`: a local stdio MCP server that offers a remote x402 MCP server's tools and pays
+for them from the user's key, within spend caps.
+
+A desktop agent starts it as a command. It connects to the remote server (streamable HTTP: a
+paywire's `/mcp`, or any server speaking x402's MCP transport), passes its tool list through
+(names, schemas, descriptions, pages), and forwards each `tools/call`. When the remote answers
+PaymentRequired (a tool result with `isError` and the quote), it picks the option for the
+configured network, checks the caps BEFORE signing (per call: the price; per UTC day: what the
+spend ledger counts plus the price, reserved in one transaction), signs with the user's key (the
+code of `paywire pay`), calls again with the payment in `_meta["x402/payment"]`, and returns the
+result with the receipt (`_meta["x402/payment-response"]`). Over a cap: an `isError` result
+naming the cap, the price and how to raise it; nothing is signed.
+
+stdout is the MCP channel: logs go to stderr, and never carry the key, a payment or a tool's
+arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import mcp.types as types
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import McpError
+from x402.mcp.types import MCPToolResult
+from x402.mcp.utils import (
+    attach_payment_to_meta,
+    extract_payment_required_from_error,
+    extract_payment_required_from_result,
+    extract_payment_response_from_meta,
+)
+from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
+
+from payments.money import display_usd, usd_to_atomic
+from payments.payer import PayerKeys, PayError, choose_option, sign_payment, usd_value
+from payments.spend_caps import OverCap, SpendLedger, expiry, micros_usd, usd_micros
+
+from .version import VERSION
+
+log = logging.getLogger("paywire.mcp")
+
+PROBE_TIMEOUT = timedelta(seconds=120)  # an unpaid call: the tool runs, or the quote comes back
+LONGEST_PAID_WAIT = 600  # seconds; a paid call waits the quote's maxTimeoutSeconds, up to this
+MAX_ARGUMENT_BYTES = 1024 * 1024  # a tool call's arguments, as JSON, before anything is sent
+
+
+class ProxyError(Exception):
+    """The proxy cannot start (the remote server is unreachable, not MCP); one line says why."""
+
+
+@dataclass(frozen=True)
+class Caps:
+    per_call: Decimal  # USD
+    per_day: Decimal
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    server_url: str
+    keys: PayerKeys
+    caps: Caps
+    ledger_path: Path
+    network: str | None = None  # "evm" | "solana" | a network id; None: the first payable
+    solana_rpc_url: str | None = None
+
+
+def _result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
+
+
+def _as_x402(result: types.CallToolResult) -> MCPToolResult:
+    """The SDK's view of a tool result, for its PaymentRequired and receipt readers."""
+    return MCPToolResult(
+        content=[item.model_dump(by_alias=True, exclude_none=True) for item in result.content],
+        is_error=bool(result.isError), meta=dict(result.meta or {}),
+        structured_content=result.structuredContent)
+
+
+def _payer_address(keys: PayerKeys, network: str) -> str | None:
+    if network.startswith("eip155:") or not network.startswith("solana"):
+        if keys.evm_key:
+            from eth_account import Account
+
+            return str(Account.from_key(keys.evm_key).address)
+        return None
+    if keys.solana_key:
+        from solders.keypair import Keypair
+
+        return str(Keypair.from_base58_string(keys.solana_key).pubkey())
+    return None
+
+
+def _valid_before(payload: Any) -> int | None:
+    """An EVM authorization's `validBefore` (seconds), when the payment has one."""
+    inner = getattr(payload, "payload", None)
+    authorization = inner.get("authorization") if isinstance(inner, dict) else None
+    value = authorization.get("validBefore") if isinstance(authorization, dict) else None
+    text = str(value) if value is not None else ""
+    return int(text) if text.isdigit() and len(text) <= 12 else None
+
+
+class PayingProxy:
+    """The proxy's behaviour over one upstream session: list tools, call them, pay within caps."""
+
+    def __init__(self, config: ProxyConfig, session: ClientSession, ledger: SpendLedger) -> None:
+        self.config = config
+        self.session = session
+        self.ledger = ledger
+
+    async def list_tools(self, cursor: str | None) -> types.ListToolsResult:
+        """The remote's page of tools as it is (names, schemas, descriptions, next cursor)."""
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        return await self.session.list_tools(params=params)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        if len(json.dumps(arguments, separators=(",", ":"))) > MAX_ARGUMENT_BYTES:
+            return _result(f"paywire mcp: the arguments of {name} are over {MAX_ARGUMENT_BYTES} "
+                           "bytes as JSON; nothing was sent")
+        try:
+            first = await self.session.call_tool(name, arguments, read_timeout_seconds=PROBE_TIMEOUT)
+        except McpError as exc:  # earlier x402 MCP servers: a JSON-RPC error 402 carrying the quote
+            required = extract_payment_required_from_error(exc.error.model_dump(by_alias=True))
+            if required is None:
+                raise
+            return await self._pay_and_call(name, arguments, required)
+        required = extract_payment_required_from_result(_as_x402(first)) if first.isError else None
+        if required is None:
+            return first  # free, or a plain error: the remote's answer as it is
+        return await self._pay_and_call(name, arguments, required)
+
+    async def _pay_and_call(self, name: str, arguments: dict[str, Any],
+                            required: PaymentRequired | PaymentRequiredV1) -> types.CallToolResult:
+        config, caps = self.config, self.config.caps
+        try:
+            chosen = choose_option(required, config.keys, config.network)
+        except PayError as exc:
+            return _result(f"paywire mcp: not paid: {exc}. Nothing was signed.")
+        amount, network, asset = chosen.get_amount(), str(chosen.network), str(chosen.asset)
+        price = usd_value(amount, asset, network)
+        if price is None:
+            return _result(f"paywire mcp: not paid: {name} asks {amount[:40]} atomic units of asset "
+                           f"{asset[:80]} on {network[:80]}, which is not that network's USDC; "
+                           "refusing to pay what cannot be valued. Nothing was signed.")
+        where = f"{amount} atomic units of USDC on {network}"
+        if price > caps.per_call:
+            return _result(
+                f"paywire mcp: not paid: {name} costs {display_usd(price)} ({where}), above the "
+                f"per-call cap {display_usd(caps.per_call)}. Raise it with --max-per-call or "
+                "PAYWIRE_MCP_MAX_PER_CALL to pay it. Nothing was signed.")
+        micros = usd_to_atomic(price)
+        try:
+            row = await asyncio.to_thread(
+                self.ledger.reserve, server=config.server_url, tool=name, network=network,
+                asset=asset, amount_atomic=int(amount), amount_micros=micros,
+                pay_to=str(getattr(chosen, "pay_to", "") or ""), cap_micros=usd_micros(caps.per_day))
+        except OverCap as over:
+            return _result(
+                f"paywire mcp: not paid: {name} costs {display_usd(price)} ({where}); today "
+                f"(UTC {over.day}) {display_usd(micros_usd(over.spent_micros))} is already spent of "
+                f"the daily cap {display_usd(caps.per_day)}. Raise it with --max-per-day or "
+                "PAYWIRE_MCP_MAX_PER_DAY, or wait for the next UTC day. Nothing was signed.")
+        try:
+            payload = await sign_payment(required, chosen, config.keys, config.solana_rpc_url)
+        except BaseException as exc:
+            await asyncio.to_thread(self.ledger.release, row)
+            if isinstance(exc, Exception):
+                log.warning("signing a payment for %s failed: %s", name, type(exc).__name__)
+                return _result(f"paywire mcp: not paid: the payment could not be signed "
+                               f"({type(exc).__name__}). Nothing was charged.")
+            raise
+        signed_at = datetime.now(UTC)
+        await asyncio.to_thread(
+            self.ledger.mark_signed, row, payer=_payer_address(config.keys, network),
+            expires_at=expiry(signed_at, getattr(chosen, "max_timeout_seconds", None),
+                              _valid_before(payload)))
+        params = attach_payment_to_meta({"name": name, "arguments": arguments}, payload)
+        wait = min(max(int(getattr(chosen, "max_timeout_seconds", 0) or 0), 60), LONGEST_PAID_WAIT)
+        try:
+            paid = await self.session.call_tool(name, arguments, meta=params["_meta"],
+                                                read_timeout_seconds=timedelta(seconds=wait))
+        except Exception as exc:
+            await asyncio.to_thread(self.ledger.finish, row, "unknown", detail=type(exc).__name__)
+            log.warning("paid call to %s got no answer (%s): its payment counts as unknown",
+                        name, type(exc).__name__)
+            return _result(
+                f"paywire mcp: the paid call to {name} got no answer ({type(exc).__name__}); the "
+                f"payment of {display_usd(price)} ({where}) may have been settled and counts "
+                "against today's cap (`paywire mcp --spent` lists it).")
+        return await self._settled(name, row, paid, price, where)
+
+    async def _settled(self, name: str, row: int, paid: types.CallToolResult, price: Decimal,
+                       where: str) -> types.CallToolResult:
+        """Record what the answer says of the payment; the answer goes back with its receipt."""
+        answer = _as_x402(paid)
+        receipt: SettleResponse | None = extract_payment_response_from_meta(answer)
+        refused = extract_payment_required_from_result(answer) if paid.isError else None
+        if receipt is not None and receipt.success:
+            status = "settled"
+            note = f"paid {display_usd(price)} ({where}), transaction {receipt.transaction}"
+        elif refused is not None or (receipt is not None and not receipt.success):
+            reason = (receipt.error_reason if receipt is not None else None) or getattr(
+                refused, "error", None) or "refused"
+            status, note = "failed", (f"the payment of {display_usd(price)} ({where}) was refused: "
+                                      f"{str(reason)[:200]}; nothing should have moved")
+        else:
+            status, note = "unknown", (f"the answer carries no receipt for the payment of "
+                                       f"{display_usd(price)} ({where}); it counts as spent")
+        await asyncio.to_thread(self.ledger.finish, row, status,  # type: ignore[arg-type]
+                                tx_hash=receipt.transaction if receipt else None,
+                                detail=None if status == "settled" else note[:500])
+        log.info("%s: %s", name, note)
+        day, spent = await asyncio.to_thread(self.ledger.spent_today)
+        summary = (f"paywire mcp: {note}. Today (UTC {day}): {display_usd(micros_usd(spent))} of "
+                   f"{display_usd(self.config.caps.per_day)}.")
+        return paid.model_copy(update={
+            "content": [*paid.content, types.TextContent(type="text", text=summary)]})
+
+
+def build_server(proxy: PayingProxy, upstream: types.InitializeResult) -> Server[Any]:
+    """The stdio side: the remote's tools under the remote's name and instructions."""
+    caps = proxy.config.caps
+    note = (f"Tools of {proxy.config.server_url}, paid by `paywire mcp` from the user's key: at most "
+            f"{display_usd(caps.per_call)} a call and {display_usd(caps.per_day)} a UTC day.")
+    instructions = f"{upstream.instructions}\n\n{note}" if upstream.instructions else note
+    server: Server[Any] = Server(f"paywire mcp: {upstream.serverInfo.name}"[:200], version=VERSION,
+                                 instructions=instructions)
+
+    # Registered as request handlers, not through the SDK's decorators: those keep a tool cache
+    # that costs a remote tools/list before each call to a tool of a later page, and would
+    # validate what the remote validates anyway.
+    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
+        params = request.params
+        return types.ServerResult(await proxy.list_tools(params.cursor if params else None))
+
+    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
+        name = request.params.name
+        try:
+            result = await proxy.call_tool(name, request.params.arguments or {})
+        except Exception as exc:  # the remote's refusal (an unknown tool...) or a dropped link
+            result = _result(f"paywire mcp: calling {name} failed: {_reason(exc)}")
+        return types.ServerResult(result)
+
+    server.request_handlers[types.ListToolsRequest] = list_tools
+    server.request_handlers[types.CallToolRequest] = call_tool
+    return server
+
+
+async def serve_stdio(config: ProxyConfig) -> None:
+    """Connect to the remote server, then serve MCP on stdin/stdout until stdin closes.
+    ProxyError (one line) when the remote cannot be reached, or the link to it breaks."""
+    ledger = await asyncio.to_thread(SpendLedger, config.ledger_path)
+    connected = False
+    try:
+        async with AsyncExitStack() as stack:
+            read, write, _ = await stack.enter_async_context(streamable_http_client(config.server_url))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            upstream = await asyncio.wait_for(session.initialize(), timeout=30)
+            connected = True
+            log.info("connected to %s (%s); caps %s a call, %s a day; ledger %s", config.server_url,
+                     upstream.serverInfo.name, display_usd(config.caps.per_call),
+                     display_usd(config.caps.per_day), config.ledger_path)
+            server = build_server(PayingProxy(config, session, ledger), upstream)
+            async with stdio_server() as (stdin, stdout):
+                await server.run(stdin, stdout, server.create_initialization_options())
+    except Exception as exc:  # the transport's task group raises what broke it: one line, no traceback
+        what = "lost the connection to" if connected else "cannot reach"
+        raise ProxyError(f"{what} the MCP server at {config.server_url}: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a connection failure (anyio wraps them in exception groups)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def configure_logging(level: str = "warning") -> None:
+    """Logs on stderr (stdout is the MCP channel); the libraries' request logs kept quiet."""
+    logging.basicConfig(level=logging.WARNING, format="paywire mcp: %(levelname)s %(message)s")
+    log.setLevel(level.upper())
+    for noisy in ("httpx", "x402"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for chatty in ("mcp", "client"):  # the MCP SDK's (its client session logs as "client")
+        logging.getLogger(chatty).setLevel(logging.ERROR)

@@ -1,0 +1,260 @@
+"""The spend ledger of `paywire mcp`: what the user's key signed, and the caps it may not exceed.
+
+One SQLite file on the user's machine (`PAYWIRE_DATA_DIR/mcp-spend.db` by default). Each payment
+is a row: reserved under the caps BEFORE anything is signed, then signed, then settled, failed or
+unknown. Reserving is one `BEGIN IMMEDIATE` transaction (today's total read, the cap checked, the
+row inserted), so concurrent calls, in one proxy or in several sharing the file, never overshoot
+the daily cap.
+
+Money safety for the user: today's total counts every payment not proven unspent. A reserved,
+signed, settled or unknown payment counts (one lost in transit may have been settled); a failed
+one counts until its authorization expires (a server could still settle a signature it said it
+refused, until then). A day is a UTC day. Amounts are integers (USD micro-units: USDC atomic
+units); caps are Decimal USD with at most 6 decimal places. No float anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Literal
+
+from .money import USDC_DECIMALS, atomic_to_usd, usd_text
+
+Status = Literal["reserved", "signed", "settled", "failed", "unknown"]
+STATUSES: tuple[Status, ...] = ("reserved", "signed", "settled", "failed", "unknown")
+# The statuses that always count against the day; `failed` counts until `expires_at`.
+_COUNTED = ("reserved", "signed", "settled", "unknown")
+
+MAX_CAP_USD = Decimal("1000000")
+_TEXT_LIMIT = 500  # server URLs, tool names, reasons: bounded before they are stored
+_BUSY_SECONDS = 30.0  # how long a writer waits for another's transaction (another proxy)
+_LONGEST_COUNTED = timedelta(days=2)  # past the end of the payment's UTC day, whatever it says
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS payments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at TEXT NOT NULL,
+    day TEXT NOT NULL,
+    server TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    network TEXT NOT NULL,
+    asset TEXT NOT NULL,
+    amount_atomic INTEGER NOT NULL CHECK (amount_atomic >= 0),
+    usd_micros INTEGER NOT NULL CHECK (usd_micros >= 0),
+    payer TEXT,
+    pay_to TEXT,
+    status TEXT NOT NULL CHECK (status IN ('reserved', 'signed', 'settled', 'failed', 'unknown')),
+    expires_at TEXT,
+    tx_hash TEXT,
+    detail TEXT,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_payments_day ON payments (day, status);
+CREATE INDEX IF NOT EXISTS ix_payments_created ON payments (created_at);
+"""
+_SCHEMA_VERSION = 1
+
+
+class CapError(ValueError):
+    """A cap that is not a USD amount paywire can hold exactly; the message says what is."""
+
+
+def parse_cap(text: str) -> Decimal:
+    """A cap as typed (`0.10`, `$1`): Decimal USD, 0 to 1,000,000, at most 6 decimal places
+    (USDC's smallest unit). CapError's message follows the flag's or variable's name."""
+    rule = (f"must be a USD amount from 0 to {MAX_CAP_USD} with at most {USDC_DECIMALS} "
+            f"decimal places, such as 0.10")
+    try:
+        value = Decimal(text.strip().removeprefix("$"))
+    except InvalidOperation:
+        raise CapError(f"{rule}; got {text[:40]!r}") from None
+    exponent = value.as_tuple().exponent
+    if not value.is_finite() or not isinstance(exponent, int):
+        raise CapError(f"{rule}; got {text[:40]!r}")
+    if value < 0 or value > MAX_CAP_USD or value != value.quantize(Decimal(1).scaleb(-USDC_DECIMALS)):
+        raise CapError(f"{rule}; got {text[:40]!r}")
+    return value
+
+
+def usd_micros(usd: Decimal) -> int:
+    """An exact USD amount of at most 6 decimal places as an integer of micro-dollars."""
+    micros = usd.scaleb(USDC_DECIMALS)
+    if micros != micros.to_integral_value():
+        raise CapError(f"{usd} has more than {USDC_DECIMALS} decimal places")
+    return int(micros)
+
+
+def micros_usd(micros: int) -> Decimal:
+    return atomic_to_usd(micros, USDC_DECIMALS)
+
+
+@dataclass  # not frozen: raising sets attributes on an exception (contextlib sets __traceback__)
+class OverCap(Exception):
+    """The payment would exceed the daily cap: nothing was reserved, nothing may be signed."""
+
+    day: str
+    spent_micros: int  # what today already counts
+    amount_micros: int
+    cap_micros: int
+
+
+@dataclass(frozen=True)
+class SpendRow:
+    id: int
+    created_at: str
+    day: str
+    server: str
+    tool: str
+    network: str
+    asset: str
+    amount_atomic: int
+    usd_micros: int
+    payer: str | None
+    pay_to: str | None
+    status: Status
+    expires_at: str | None
+    tx_hash: str | None
+    detail: str | None
+
+    @property
+    def usd(self) -> Decimal:
+        return micros_usd(self.usd_micros)
+
+    def as_json(self) -> dict[str, Any]:
+        """The row for `--json`: amounts as exact decimal text, never a float."""
+        return {"id": self.id, "time": self.created_at, "day": self.day, "status": self.status,
+                "usd": usd_text(self.usd), "amount_atomic": str(self.amount_atomic),
+                "network": self.network, "asset": self.asset, "server": self.server,
+                "tool": self.tool, "payer": self.payer, "pay_to": self.pay_to,
+                "transaction": self.tx_hash, "expires_at": self.expires_at, "detail": self.detail}
+
+
+def _stamp(moment: datetime) -> str:
+    """UTC, fixed width, so text order is time order (compared in SQL)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _bounded(text: str | None) -> str | None:
+    return None if text is None else text[:_TEXT_LIMIT]
+
+
+class SpendLedger:
+    """The spend ledger file. Blocking (sqlite3): call it from a worker thread in async code.
+    Each method opens its own connection, so threads and processes may share one file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():  # the user's spending history: theirs alone
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+        with self._connect() as db:
+            if db.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+                db.executescript(_SCHEMA)
+                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=_BUSY_SECONDS, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            yield db
+        finally:
+            db.close()
+
+    def reserve(self, *, server: str, tool: str, network: str, asset: str, amount_atomic: int,
+                amount_micros: int, pay_to: str | None, cap_micros: int,
+                now: datetime | None = None) -> int:
+        """Hold `amount_micros` of today's cap for a payment about to be signed; returns the row
+        id. OverCap when today's counted total plus this amount would exceed `cap_micros`: then
+        nothing is written. Serialized across connections (BEGIN IMMEDIATE)."""
+        moment = now or datetime.now(UTC)
+        day, stamp = moment.astimezone(UTC).strftime("%Y-%m-%d"), _stamp(moment)
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                spent = self._counted(db, day, stamp)
+                if spent + amount_micros > cap_micros:
+                    db.execute("ROLLBACK")
+                    raise OverCap(day, spent, amount_micros, cap_micros)
+                cursor = db.execute(
+                    "INSERT INTO payments (created_at, day, server, tool, network, asset, "
+                    "amount_atomic, usd_micros, pay_to, status, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'reserved', ?)",
+                    (stamp, day, _bounded(server), _bounded(tool), _bounded(network),
+                     _bounded(asset), amount_atomic, amount_micros, _bounded(pay_to), stamp))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    def release(self, row_id: int) -> None:
+        """Nothing was signed for this reservation (signing failed): it no longer counts."""
+        with self._connect() as db:
+            db.execute("DELETE FROM payments WHERE id = ? AND status = 'reserved'", (row_id,))
+
+    def mark_signed(self, row_id: int, *, payer: str | None, expires_at: datetime) -> None:
+        """Signed: counts until settled (for good) or failed (until `expires_at`)."""
+        self._update(row_id, "signed", payer=_bounded(payer), expires_at=_stamp(expires_at))
+
+    def finish(self, row_id: int, status: Status, *, tx_hash: str | None = None,
+               detail: str | None = None) -> None:
+        """What became of a signed payment: settled, failed (refused by the server) or unknown."""
+        if status not in ("settled", "failed", "unknown"):
+            raise ValueError(f"a signed payment ends settled, failed or unknown, not {status!r}")
+        self._update(row_id, status, tx_hash=_bounded(tx_hash), detail=_bounded(detail))
+
+    def _update(self, row_id: int, status: Status, **values: str | None) -> None:
+        given = {k: v for k, v in values.items() if v is not None}
+        columns = "".join(f", {name} = ?" for name in given)  # names are ours, never input
+        with self._connect() as db:
+            db.execute(f"UPDATE payments SET status = ?, updated_at = ?{columns} WHERE id = ?",
+                       (status, _stamp(datetime.now(UTC)), *given.values(), row_id))
+
+    def spent_today(self, now: datetime | None = None) -> tuple[str, int]:
+        """(UTC day, micro-dollars counted against its cap)."""
+        moment = now or datetime.now(UTC)
+        day = moment.astimezone(UTC).strftime("%Y-%m-%d")
+        with self._connect() as db:
+            return day, self._counted(db, day, _stamp(moment))
+
+    def recent(self, limit: int = 20) -> list[SpendRow]:
+        """The latest payments, newest first."""
+        with self._connect() as db:
+            found = db.execute(
+                "SELECT id, created_at, day, server, tool, network, asset, amount_atomic, "
+                "usd_micros, payer, pay_to, status, expires_at, tx_hash, detail FROM payments "
+                "ORDER BY created_at DESC, id DESC LIMIT ?", (limit,))
+            return [SpendRow(*row) for row in found.fetchall()]
+
+    @staticmethod
+    def _counted(db: sqlite3.Connection, day: str, now: str) -> int:
+        placeholders = ", ".join("?" for _ in _COUNTED)
+        row = db.execute(
+            f"SELECT COALESCE(SUM(usd_micros), 0) FROM payments WHERE day = ? AND "
+            f"(status IN ({placeholders}) OR (status = 'failed' AND expires_at > ?))",
+            (day, *_COUNTED, now)).fetchone()
+        return int(row[0])
+
+
+def expiry(signed_at: datetime, max_timeout_seconds: int | None, valid_before: int | None) -> datetime:
+    """When a signed payment can no longer move money: the authorization's `validBefore` (EVM)
+    or the quote's `maxTimeoutSeconds` after signing (a Solana transaction's blockhash expires
+    sooner), whichever is later; at least 10 minutes when the quote says nothing."""
+    longest = signed_at + _LONGEST_COUNTED  # a day's total is all it counts towards
+    horizon = signed_at + timedelta(seconds=min(max_timeout_seconds or 600, 86400))
+    if valid_before is not None:
+        try:
+            horizon = max(horizon, datetime.fromtimestamp(valid_before, UTC))
+        except (OverflowError, OSError, ValueError):
+            horizon = longest
+    return min(horizon, longest)

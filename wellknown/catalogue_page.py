@@ -1,0 +1,192 @@
+"""The catalogue people browse: `GET /` in a browser.
+
+`GET /` answers the page (wellknown/catalogue_page/: index.html, app.js, style.css, package data)
+to a client that prefers HTML, and a small JSON document pointing at every machine-readable
+description (agent card, OpenAPI, discovery, MCP, the catalogue API) to any other (`Vary: Accept`).
+The page is a static shell: its script reads
+
+- `GET /api/marketplace/apis` (compat/marketplace.py): the resources, searched, filtered and paged
+  server-side, each with its price terms (agent/price_terms.py, as everywhere else);
+- `GET /catalogue/models`: every model with the facts `GET /v1/models` lists (prices per token,
+  availability) and its price terms; ~100 rows, filtered in the browser;
+- `GET /catalogue/skills/{id}`: one skill's example and copy-paste snippets (wellknown/snippets.py),
+  fetched when a visitor opens it.
+
+Everything a skill's author wrote reaches the DOM as text; the page's CSP allows its own script,
+style sheet and same-origin requests only. Nothing is fetched from elsewhere.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from importlib import resources
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agent.gateway import Gateway
+from agent.http_io import HttpProblem
+from agent.price_terms import PriceTerms
+
+from .snippets import (
+    FORM_FILE_FIELDS,
+    Entry,
+    mcp_stdio_command,
+    model_example,
+    operation_path,
+    snippets,
+)
+
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-cache",
+}
+ASSETS = {"/catalogue/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/catalogue/style.css": ("style.css", "text/css; charset=utf-8")}
+MAX_ID_CHARS = 200
+JSON_HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+
+
+def _quality(accept: str, media_type: str) -> float | None:
+    """The q-value `accept` gives `media_type` itself (None: not named; wildcards don't count)."""
+    for part in accept.split(","):
+        kind, *params = (p.strip() for p in part.split(";"))
+        if kind.lower() != media_type:
+            continue
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    return max(0.0, min(1.0, float(value)))
+                except ValueError:
+                    return 0.0
+        return 1.0
+    return None
+
+
+def wants_html(accept: str) -> bool:
+    """A browser navigating (it names text/html, preferred to JSON); curl's `*/*`, an agent's
+    `application/json` or no Accept at all get the JSON document."""
+    accept = accept[:1000]
+    html = _quality(accept, "text/html")
+    if not html:
+        return False
+    json_q = _quality(accept, "application/json")
+    return json_q is None or html >= json_q
+
+
+def _fixed_usd(terms: PriceTerms) -> Decimal | None:
+    """A fixed price (`paywire pay --max` above its default); a request-priced call is left to
+    the CLI's own question: its route maximum would be a needlessly wide --max."""
+    return terms.price_usd if terms.pricing == "fixed" else None
+
+
+def mcp_tool(skill_id: str, kind: str, operation: str | None) -> str | None:
+    """The tool that calls this at /mcp (agent/mcp_face.py's naming): a resource's id with
+    characters MCP clients refuse as `_`; a model operation's tool (`chat_completions`, the model
+    an argument). None: an upload operation, REST only."""
+    if kind == "model":
+        return None if operation is None or operation in FORM_FILE_FIELDS else operation.replace(".", "_")
+    return re.sub(r"[^a-zA-Z0-9_-]", "_", skill_id)[:64]
+
+
+def routes(gateway: Gateway, base_url: str, version: str) -> list[Route]:
+    catalogue = gateway.catalogue
+    folder = resources.files("wellknown") / "catalogue_page"
+    page = (folder / "index.html").read_bytes()
+    links = {
+        "catalogue_page": f"{base_url}/",
+        "agent_card": f"{base_url}/.well-known/agent-card.json",
+        "openapi": f"{base_url}/openapi.json",
+        "discovery": f"{base_url}/discovery/resources",
+        "x402": f"{base_url}/.well-known/x402",
+        "mcp": f"{base_url}/mcp",
+        "a2a": f"{base_url}/a2a",
+        "resources": f"{base_url}/api/marketplace/apis",
+        "models": f"{base_url}/v1/models",
+    }
+
+    async def home(request: Request) -> Response:
+        vary = {"Vary": "Accept"}
+        if wants_html(request.headers.get("accept", "")):
+            return Response(page, media_type="text/html; charset=utf-8", headers={**PAGE_HEADERS, **vary})
+        return JSONResponse({
+            "name": "paywire",
+            "version": version,
+            "description": "AI models and marketplace resources sold per call, paid in USDC with x402 "
+                           "on Base and Solana. Open this URL in a browser for the catalogue.",
+            "links": links,
+            "mcp_stdio": mcp_stdio_command(base_url),
+            "counts": {"resources": len(catalogue.of_kind("resource")),
+                       "models": len(catalogue.of_kind("model"))},
+        }, headers={**JSON_HEADERS, **vary})
+
+    async def models(request: Request) -> Response:
+        data = []
+        for skill in catalogue.of_kind("model"):
+            info = skill.info() if skill.info else {}
+            switched_on = catalogue.available(skill.id)
+            operation = next(iter(skill.operations), None)
+            data.append({
+                "id": skill.id, "name": skill.name, **info,
+                "available": bool(info.get("available", True)) and switched_on,
+                **({} if switched_on else {"reason": "switched off by the operator"}),
+                "endpoint": operation_path(operation) if operation else None,
+                "price": catalogue.price_terms(skill, operation).as_json(),
+            })
+        return JSONResponse({"object": "list", "data": data}, headers=JSON_HEADERS)
+
+    async def skill_detail(request: Request) -> Response:
+        skill_id = request.path_params["skill_id"]
+        skill = catalogue.get(skill_id) if len(skill_id) <= MAX_ID_CHARS else None
+        if skill is None or skill.kind not in ("resource", "model"):
+            raise HttpProblem(404, "unknown_skill", f"no resource or model named {skill_id[:80]!r}; "
+                              "GET /api/marketplace/apis and GET /catalogue/models list them", "skill_id")
+        example = dict(skill.examples[0]) if skill.examples else {}
+        if skill.kind == "model":
+            operation: str | None = next(iter(skill.operations), None) or "chat.completions"
+            path = operation_path(operation)
+            body = model_example(skill.id, operation, example)
+        else:
+            operation, path, body = None, f"/v1/marketplace/api/{skill.id}", example
+        terms = catalogue.price_terms(skill, operation)
+        entry = Entry(base_url=base_url, path=path, body=body, kind=skill.kind, operation=operation,
+                      most_usd=_fixed_usd(terms))
+        return JSONResponse({
+            "id": skill.id,
+            "kind": skill.kind,
+            "name": skill.name,
+            "description": skill.description,
+            "categories": list(skill.categories),
+            "available": catalogue.available(skill.id),
+            "operation": operation,
+            "operations": list(skill.operations),
+            "method": "POST",
+            "endpoint": entry.url,
+            "price": terms.as_json(),
+            "example": body,
+            "input_schema": skill.input_schema,
+            "mcp_tool": mcp_tool(skill.id, skill.kind, operation),
+            "snippets": snippets(entry),
+        }, headers=JSON_HEADERS)
+
+    def asset(content: bytes, media_type: str) -> Any:
+        async def serve(request: Request) -> Response:
+            return Response(content, media_type=media_type, headers=PAGE_HEADERS)
+        return serve
+
+    return [
+        Route("/", home, methods=["GET"]),
+        *(Route(path, asset((folder / name).read_bytes(), media_type), methods=["GET"])
+          for path, (name, media_type) in ASSETS.items()),
+        Route("/catalogue/models", models, methods=["GET"]),
+        Route("/catalogue/skills/{skill_id:path}", skill_detail, methods=["GET"]),
+    ]
