@@ -109,8 +109,8 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     """Starlette's 404 (no route) and 405 (wrong method), in the face's error shape."""
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    message = {404: f"no route {request.url.path}; GET /.well-known/agent.json and "
-                    "GET /api/marketplace/apis list what is served",
+    message = {404: f"no route {request.url.path}; GET / (the catalogue), /openapi.json and "
+                    "/.well-known/agent.json list what is served",
                405: f"{request.method} is not allowed on {request.url.path}"
                }.get(exc.status_code, str(exc.detail))
     response = edge_error(request.url.path, exc.status_code, code, message)

@@ -44,8 +44,10 @@ def catalogue_item(skill: Any, available: bool = True,
         "category": ", ".join(skill.categories),
         "categories": list(skill.categories),
         "method": skill.method,
-        "display_price": usd_text(skill.price_usd),
-        "price_usd": format(skill.price_usd.normalize(), "f"),
+        # a skill priced from its request (an entry-point resource with a pricer) has no one
+        # price: `price` says its bounds and how it is computed
+        "display_price": usd_text(skill.price_usd) if skill.price_usd is not None else "per request",
+        "price_usd": format(skill.price_usd.normalize(), "f") if skill.price_usd is not None else None,
         "endpoint": f"/v1/marketplace/api/{skill.id}",
         "available": available,  # false: the operator switched it off (calls answer 503)
         # the one price description (agent/price_terms.py): the catalogue page shows it
