@@ -46,7 +46,7 @@ from payments.accounting import (
 )
 from payments.accounting_csv import payments_csv, revenue_csv
 
-from .http_io import HttpProblem, error_body
+from .http_io import HttpProblem, error_body, page_headers
 
 TOKEN_VARIABLE = "PAYWIRE_ADMIN_TOKEN"
 MIN_TOKEN_LENGTH = 32  # agent/settings.py refuses a shorter one at startup
@@ -54,15 +54,7 @@ MAX_PARAM_LENGTH = 200
 
 log = logging.getLogger("paywire.admin")
 
-PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                               "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
-                               "form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-store",
-}
+PAGE_HEADERS = page_headers("no-store")
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"),
               "/app.js": ("app.js", "text/javascript; charset=utf-8"),
               "/style.css": ("style.css", "text/css; charset=utf-8")}

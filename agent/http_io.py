@@ -52,6 +52,20 @@ class InvalidJson(Exception):
         self.code = code
 
 
+def page_headers(cache_control: str) -> dict[str, str]:
+    """The headers of a page paywire serves to browsers (the catalogue, the operator page): its
+    own scripts and styles only, never framed, no referrer; `cache_control` as the page needs."""
+    return {
+        "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                                   "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+                                   "form-action 'none'; frame-ancestors 'none'",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "X-Frame-Options": "DENY",
+        "Cache-Control": cache_control,
+    }
+
+
 def parse_json(raw: bytes) -> Any:
     """A body's JSON, bounded (see skills.wire_json) before any parser recurses into it."""
     try:

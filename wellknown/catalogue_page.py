@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent.gateway import Gateway
-from agent.http_io import HttpProblem
+from agent.http_io import HttpProblem, page_headers
 from agent.price_terms import PriceTerms
 
 from .snippets import (
@@ -40,15 +40,7 @@ from .snippets import (
     snippets,
 )
 
-PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                               "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
-                               "form-action 'none'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-cache",
-}
+PAGE_HEADERS = page_headers("no-cache")
 ASSETS = {"/catalogue/app.js": ("app.js", "text/javascript; charset=utf-8"),
           "/catalogue/style.css": ("style.css", "text/css; charset=utf-8")}
 MAX_ID_CHARS = 200
