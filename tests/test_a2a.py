@@ -38,6 +38,7 @@ from payments.devnet.keys import DevnetKeys
 from tests.support.hooked_resources import Streamer
 from tests.support.live_server import LiveServer
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, post_paid, quote, sign
+from tests.test_token_count import node_counts, tiktoken_cl100k
 
 INPUT = {"text": "Agents pay for themselves, per call.", "model": "gpt-4o"}
 PRICE = 5750
@@ -170,21 +171,25 @@ def test_in_band_a2a_x402_flow_with_the_sdk_client(server: LiveServer, network: 
     assert _balance(server, network) - before == PRICE
 
 
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
 def test_same_skill_over_a2a_and_rest_costs_the_same_and_returns_the_same_data(
-    server: LiveServer,
+    server: LiveServer, model: str
 ) -> None:
+    """...and the count is exact: the real tokenizer's (o200k_base, cl100k_base) on both faces."""
+    data_in = {"text": "Agents pay for themselves, per call: résumé, 数据, emoji 🚀. <|endoftext|>",
+               "model": model}
     rest_url = f"{server.url}/v1/marketplace/api/token-count-508"
-    _, rest_quote = quote(rest_url, INPUT)
+    _, rest_quote = quote(rest_url, data_in)
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
         "role": "user", "messageId": str(uuid.uuid4()),
-        "parts": [{"kind": "data", "data": {"skill": "token-count-508", "input": INPUT}}]}}}
+        "parts": [{"kind": "data", "data": {"skill": "token-count-508", "input": data_in}}]}}}
     a2a_quote = httpx.post(f"{server.url}/a2a", json=rpc)
     assert a2a_quote.status_code == 402
     assert {a["maxAmountRequired"] for a in a2a_quote.json()["accepts"]} == {
         a.amount for a in rest_quote.accepts} == {str(PRICE)}
     keys = server.devnet.keys
     payer = client_for(server.url, evm_key=keys.evm_payer)
-    rest = post_paid(rest_url, INPUT, header(sign(payer, rest_quote, EVM_NET)))
+    rest = post_paid(rest_url, data_in, header(sign(payer, rest_quote, EVM_NET)))
     a2a_required = PaymentRequired.model_validate(
         json.loads(__import__("base64").b64decode(a2a_quote.headers["PAYMENT-REQUIRED"])))
     paid = httpx.post(f"{server.url}/a2a", json=rpc,
@@ -195,6 +200,16 @@ def test_same_skill_over_a2a_and_rest_costs_the_same_and_returns_the_same_data(
     exact = next(json.loads(p["text"]) for p in parts if p.get("text", "").startswith("{"))
     assert exact == rest.json()
     assert coerce_numbers(data) == rest.json()
+    encoding = {"gpt-4o": "o200k_base", "gpt-4": "cl100k_base"}[model]
+    assert (exact["method"], exact["encoding"]) == ("exact", encoding)
+    references = node_counts([data_in["text"]])  # npm gpt-tokenizer
+    cl100k = tiktoken_cl100k()
+    if references is None and (encoding == "o200k_base" or cl100k is None):
+        pytest.skip("no reference tokenizer for this encoding (run `npm ci`)")
+    if references is not None:
+        assert exact["tokens"] == references[0][encoding]
+    if encoding == "cl100k_base" and cl100k is not None:
+        assert exact["tokens"] == len(cl100k.encode_ordinary(data_in["text"]))
 
 
 def test_a_payment_used_over_rest_is_answered_over_a2a_without_a_second_charge(

@@ -16,8 +16,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from agent.serving import YOUNG_THRESHOLD, tune_garbage_collector, uvicorn_config
 from agent.timing import Timings
 from compat.openai_common import DONE, EventStream, _ClientWatch, sse
+from skills import tokenizers, wire_json
 from skills import tokens as tok
-from skills import wire_json
 
 
 @pytest.mark.parametrize("raw", [
@@ -172,7 +172,7 @@ def test_long_texts_are_estimated_once_with_the_same_result() -> None:
     again = tok.estimate_messages([{"role": "user", "content": text[:-1] + text[-1]}], "gpt-4o")
     assert first == again
     assert tok.estimate_tokens(text, "gpt-4") == tok.estimate_tokens(text, "gpt-4")  # cl100k
-    tok._MEMO._items.clear()
+    tokenizers._MEMO.clear()
     assert tok.estimate_messages([{"role": "user", "content": text}], "gpt-4o") == first
 
 

@@ -216,7 +216,7 @@ def test_every_size_costs_the_default_model_less_than_the_price() -> None:
 
 @pytest.mark.parametrize(("model", "reason"), [
     ("dall-e-2", "costs $0.020"),  # $0.016-$0.020 an image: above the price at every size
-    ("gpt-image-1", "costs $0.016"),  # 1024x1024 low: $0.011 + the longest prompt's tokens at $5/1M
+    ("gpt-image-1", "costs $0.01761"),  # 1024x1024 low: $0.011 + the longest prompt's 1,322 tokens at $5/1M
     ("dall-e-3", "cannot make 1024x1024 images at low quality"),  # standard or hd only
     ("gpt-4o-mini", "not an image model"),
     ("no-such-model", "not an image model"),

@@ -63,7 +63,7 @@ def test_unpaid_call_is_quoted_on_both_networks_in_v2_header_and_v1_body(server:
     for a in body["accepts"]:
         assert a["maxAmountRequired"] == str(PRICE)
         assert a["resource"] == _url(server) and a["mimeType"] == "application/json"
-        assert a["description"].startswith("Estimates how many tokens")
+        assert a["description"].startswith("Counts how many tokens")
     # The quote is a pure function of the request: identical requests, identical quotes.
     assert quote(_url(server), BODY)[1] == quote(_url(server), BODY)[1]
 

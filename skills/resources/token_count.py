@@ -1,10 +1,12 @@
-"""token-count-508: estimate how many tokens a text or chat takes for a model.
+"""token-count-508: how many tokens a text or chat takes for a model.
 
-Local heuristic (skills.tokens): no network, no vocabulary, deterministic.
+Counted locally by skills.tokens, no network, deterministic: exact (``"method": "exact"``)
+for models on cl100k_base / o200k_base; for other families the exact count of the closest
+encoding times a calibrated multiplier (``"method": "heuristic"``, ``multiplier`` given).
 
 Input, a JSON object with exactly these fields:
 - ``model`` (required): non-empty string, at most 200 characters. Unknown models are
-  estimated as o200k_base and the answer says so in ``note``.
+  counted as o200k_base, ``known_model`` false, and the answer says so in ``note``.
 - exactly one of
   - ``text``: non-empty string, at most 1,000,000 characters, or
   - ``messages``: non-empty list (at most 10,000) of ``{"role": str, "content": str}``
@@ -29,7 +31,8 @@ MAX_MESSAGES = 10_000
 MAX_MODEL_CHARS = 200
 MAX_ROLE_CHARS = 64
 MAX_NAME_CHARS = 256
-# Above this size the estimate takes a few ms; run it off the event loop.
+# Above this size a count can take milliseconds (~110 ms per MB of random letters); run it
+# off the event loop.
 _THREAD_THRESHOLD = 64_000
 
 _FIELDS = ("text", "messages", "model")
@@ -44,7 +47,7 @@ def _check_model(payload: dict[str, Any]) -> None:
     if "model" not in payload or payload["model"] is None:
         raise _fail(
             "field 'model' is required: a model name such as 'gpt-4o', 'gpt-4' or"
-            " 'claude-sonnet-4-5' (unknown names are estimated as o200k_base)",
+            " 'claude-sonnet-4-5' (unknown names are counted as o200k_base)",
             "model",
         )
     model = payload["model"]
@@ -162,7 +165,7 @@ def _estimate(payload: dict[str, Any]) -> TokenEstimate:
 
 
 async def run(payload: dict[str, Any]) -> dict[str, Any]:
-    """Estimate the tokens of ``payload`` (validated again: run may be called directly)."""
+    """Count the tokens of ``payload`` (validated again: run may be called directly)."""
     validate(payload)
     size = len(payload["text"]) if "text" in payload else sum(
         len(m["content"]) for m in payload["messages"]
@@ -177,14 +180,16 @@ async def run(payload: dict[str, Any]) -> dict[str, Any]:
         "encoding": estimate.encoding,
         "model_family": estimate.model_family,
         "method": estimate.method,
-        "multiplier": estimate.multiplier,
-        "encoding_tokens": estimate.base_tokens,
         "known_model": estimate.known_model,
         "input": "text" if "text" in payload else "messages",
         "characters": estimate.characters,
         "words": estimate.words,
         "note": estimate.note,
     }
+    if estimate.method == "heuristic":
+        # the count is encoding_tokens x multiplier (framing excepted, for messages)
+        body["multiplier"] = estimate.multiplier
+        body["encoding_tokens"] = estimate.base_tokens
     if estimate.messages is not None:
         body["messages"] = estimate.messages
     return body
