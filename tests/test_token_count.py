@@ -302,19 +302,23 @@ def test_chat_count_is_the_cookbook_count(corpus: Corpus, show: Callable[[str], 
         ("gpt-35-turbo", "cl100k_base", "openai-gpt-3.5-turbo", 1.0),
         ("text-embedding-3-large", "cl100k_base", "openai-text-embedding-3", 1.0),
         ("text-embedding-ada-002", "cl100k_base", "openai-ada-002", 1.0),
-        ("text-davinci-003", "cl100k_base", "openai-legacy-gpt3", 1.2),
         ("claude-sonnet-4-5", "o200k_base", "anthropic-claude", 1.2),
         ("us.anthropic.claude-3-5-sonnet-20240620-v1:0", "o200k_base", "anthropic-claude", 1.2),
-        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "cl100k_base", "meta-llama-3", 1.0),
-        ("llama3.2", "cl100k_base", "meta-llama-3", 1.0),
-        ("meta-llama/Llama-2-7b-chat-hf", "cl100k_base", "sentencepiece-32k", 1.23),
-        ("llama-4-maverick", "o200k_base", "meta-llama-4", 1.0),
-        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "cl100k_base", "sentencepiece-32k", 1.23),
-        ("mistral-large-latest", "cl100k_base", "mistral", 1.1),
-        ("gemini-2.5-pro", "cl100k_base", "google-gemini", 1.1),
-        ("models/gemini-1.5-flash", "cl100k_base", "google-gemini", 1.1),
-        ("Qwen/Qwen2.5-72B-Instruct", "cl100k_base", "alibaba-qwen", 1.02),
-        ("deepseek-chat", "cl100k_base", "deepseek", 1.05),
+        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3", "meta-llama-3", 1.0),
+        ("llama3.2", "llama-3", "meta-llama-3", 1.0),
+        ("meta-llama/Llama-2-7b-chat-hf", "mistral-v1", "sentencepiece-32k", 1.0),
+        ("llama-4-maverick", "llama-4", "meta-llama-4", 1.0),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mistral-v1", "mistral", 1.0),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-v3", "mistral", 1.0),
+        ("ministral-8b-latest", "tekken", "mistral", 1.0),
+        ("mistral-large-latest", "mistral-v7", "mistral", 1.0),
+        ("gemini-2.5-pro", "gemma-3", "google-gemini", 1.0),
+        ("models/gemini-2.0-flash", "gemma-3", "google-gemini", 1.0),
+        ("Qwen/Qwen2.5-72B-Instruct", "qwen-2.5", "alibaba-qwen", 1.0),
+        ("qwen/qwen3-235b-a22b-2507", "qwen-3", "alibaba-qwen", 1.0),
+        ("qwen3.6-plus", "qwen-3.5", "alibaba-qwen", 1.0),
+        ("deepseek-chat", "deepseek-v3", "deepseek", 1.0),
+        ("deepseek-v4-pro", "deepseek-v4", "deepseek", 1.0),
         ("phi-4", "cl100k_base", "microsoft-phi-4", 1.0),
     ],
 )
@@ -328,7 +332,7 @@ def test_model_mapping(model: str, encoding: str, family: str, multiplier: float
     )
 
 
-@pytest.mark.parametrize("model", [None, "", "command-r-plus", "totally-new-model-9"])
+@pytest.mark.parametrize("model", [None, "", "command-r-plus", "totally-new-model-9", "text-davinci-003"])
 def test_unknown_models_default_to_o200k_and_say_so(model: str | None) -> None:
     assert tokenizer_for(model) == ("o200k_base", "unknown", 1.0)
     estimate = estimate_tokens("Hello there, friend.", model)

