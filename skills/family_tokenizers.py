@@ -58,8 +58,9 @@ _CHECKOUT_GEMMA3 = (
     / "tokenizer.json"
 )
 
-# Meta's llama-models bounds runs to 25,000 characters before tiktoken for the same overflow; the
-# engine here survives 200,000 spaces and aborts on 1,000,000 (measured), so this leaves 8x.
+# Meta's llama-models bounds runs to 25,000 characters before tiktoken for the same overflow. The
+# engine aborts on 1,000,000 spaces on an 8 MiB stack; a 25,000 run counts even on a worker thread
+# with a 256 KiB stack (measured).
 MAX_WHITESPACE_RUN = 25_000
 # The start of a longer run: the lookbehind keeps the search linear (one attempt per run).
 _LONG_WHITESPACE_RUN = re.compile(r"(?<!\s)\s{" + str(MAX_WHITESPACE_RUN + 1) + ",}")
