@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .family_tokenizers import FAMILY_TOKENIZERS, available
@@ -105,12 +105,8 @@ _GEMINI_ESTIMATE = _rule(
 
 
 def _gemma(pattern: str, note: str, exact: bool) -> _ModelRule:
-    base = (
-        _own(pattern, "gemma-3", "google-gemini", note)
-        if exact
-        else _near(pattern, "gemma-3", "google-gemini", note)
-    )
-    return _ModelRule(base.pattern, base.encoding, base.family, 1.0, base.note, base.exact, _GEMINI_ESTIMATE)
+    rule = (_own if exact else _near)(pattern, "gemma-3", "google-gemini", note)
+    return replace(rule, fallback=_GEMINI_ESTIMATE)
 
 
 # First match wins, so specific names come before their prefixes. Names are matched
