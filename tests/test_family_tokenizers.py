@@ -1,6 +1,6 @@
 """Other families' own tokenizers (skills/family_tokenizers.py): installed, offline, bounded, and
 equal to the vendor's own implementation (tests/support/vendor_tokenizers.py) on the corpus, on
-random Unicode and on control-token text.
+random Unicode, on control-token text and on edge text (tests/support/token_edge_texts.py).
 
 Their exactness against independent JS implementations is tests/test_token_accuracy.py's."""
 
@@ -15,6 +15,7 @@ import pytest
 
 from skills import family_tokenizers, tokenizers
 from skills.tokens import estimate_tokens
+from tests.support.token_edge_texts import edge_texts
 from tests.support.vendor_tokenizers import vendor_counter
 
 CORPUS = Path(__file__).resolve().parent / "data" / "token_corpus_v2" / "passages.jsonl"
@@ -96,7 +97,13 @@ def test_lone_surrogates_count_as_replacement_characters(name: str) -> None:
 @pytest.mark.parametrize("name", ALL)
 def test_counts_equal_the_vendors_own_tokenizer(name: str) -> None:
     count, vendor = family_tokenizers.counter(name), vendor_counter(name)
-    for kind, texts in (("corpus", corpus()), ("random Unicode", fuzz_texts()), ("control", control_texts())):
+    edges = edge_texts(400, seed=20261124)  # markup, literal ▁ runs, whitespace in every arrangement
+    for kind, texts in (
+        ("corpus", corpus()),
+        ("random Unicode", fuzz_texts()),
+        ("control", control_texts()),
+        ("edge", edges),
+    ):
         differ = [(text[:40], count(text), vendor(text)) for text in texts if count(text) != vendor(text)]
         assert not differ, (name, kind, len(differ), differ[:3])
 

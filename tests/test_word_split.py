@@ -6,11 +6,11 @@ start, added tokens, literal ``▁`` runs, newlines and spaces in every arrangem
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from skills import family_tokenizers, word_split
+from tests.support.token_edge_texts import edge_texts
 from tests.support.vendor_tokenizers import vendor_counter
 
 W = word_split.WORD_START
@@ -107,21 +107,12 @@ def test_gemma3s_vocabulary_allows_words_but_one_token() -> None:
     assert raw is not None and raw.pattern == "|".join(W * n for n in range(31, 1, -1))
 
 
-def edge_texts(count: int, seed: int) -> list[str]:
-    """Text from the pieces a word split could get wrong, and added tokens of every kind."""
+def test_gemma3_counts_equal_hugging_face_on_edge_text(gemma3: tuple) -> None:
+    count, vendor = gemma3
     path = family_tokenizers.gemma3_tokenizer_path()
     assert path is not None
     added = [token["content"] for token in family_tokenizers.added_tokens(path)]
-    parts = [">", "<", "/", "</", " ", W, "\n", "\t", "a", "th", "e ", "> </", f">{W}</", "  ", "é", "数"]
-    parts += ["=", '"', "\r\n", " \n ", "🚀"]
-    rng = random.Random(seed)
-    pick = lambda: rng.choice(parts) if rng.random() < 0.8 else rng.choice(added)  # noqa: E731
-    return ["".join(pick() for _ in range(rng.randint(0, 30))) for _ in range(count)]
-
-
-def test_gemma3_counts_equal_hugging_face_on_edge_text(gemma3: tuple) -> None:
-    count, vendor = gemma3
-    texts = edge_texts(3000, seed=20261124)
+    texts = edge_texts(3000, seed=20261124, added=added)
     texts += [W * n + tail for n in (1, 2, 31, 32, 33, 62, 70) for tail in ("", " ", " x", "\n")]
     texts += ["<table>\n<tr><td> </td><td>1</td> </tr>\n" * 40, "x> </y\n" * 50 + "done"]
     differ = [(text[:60], count(text), vendor(text)) for text in texts if count(text) != vendor(text)]
