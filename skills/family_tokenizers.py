@@ -154,13 +154,17 @@ def _counter(tokenizer: Kitoken, added_tokens: list[dict[str, Any]] | None = Non
 
 
 def _sentencepiece_spaces(tokenizer: Kitoken, definition: dict[str, Any]) -> bool:
-    """Whether the tokenizer is character-level BPE whose only normalisation turns " " into ▁."""
+    """Whether the tokenizer is character-level BPE whose only normalisation turns " " into ▁ and
+    which has no split of its own (Gemma's, on " ", finds nothing once spaces are ▁)."""
     replace_spaces = {"Replace": {"pattern": {"Regex": " "}, "replacement": word_split.WORD_START}}
+    on_spaces = [{"Character": " "}, {"String": " "}, {"Regex": " "}]
     model = definition["model"].get("BytePair")
+    config = tokenizer.config()
     return (
         model is not None
         and model.get("chars") is True
-        and tokenizer.config()["normalization"] == [replace_spaces]
+        and config["normalization"] == [replace_spaces]
+        and all(split.get("Pattern", {}).get("pattern") in on_spaces for split in config["split"])
     )
 
 
