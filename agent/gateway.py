@@ -342,7 +342,10 @@ class Gateway:
                 if not probe:
                     skill.validate(payload, op)
                 try:
-                    usd = op.pricer(payload)
+                    if op.pricer_blocks is not None and op.pricer_blocks(payload):
+                        usd = await asyncio.to_thread(op.pricer, payload)
+                    else:
+                        usd = op.pricer(payload)
                 except SkillInputError:
                     if not probe or op.price_floor_usd is None:
                         raise

@@ -56,6 +56,7 @@ __all__ = [
     "added_tokens",
     "available",
     "counter",
+    "loaded",
 ]
 
 Counter = Callable[[str], int]
@@ -323,6 +324,11 @@ def available(name: str) -> bool:
             found = gemma3_tokenizer_path() is not None
         _available[name] = found
     return found
+
+
+def loaded(name: str) -> bool:
+    """Whether ``name``'s tokenizer is loaded: counting with it holds no lock and reads no file."""
+    return name in _counters
 
 
 def counter(name: str) -> Counter:

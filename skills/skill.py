@@ -56,6 +56,9 @@ class Operation:
     price_floor_usd: Decimal | None = None
     price_cap_usd: Decimal | None = None
     price_rule: str | None = None  # how the price is computed from the request, one sentence
+    # Whether pricing this payload may hold its thread for long (a tokenizer to load first, a long
+    # text to count): the gateway then prices it in a worker thread, off the event loop.
+    pricer_blocks: Callable[[Payload], bool] | None = None
 
 
 @dataclass

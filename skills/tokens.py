@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .family_tokenizers import FAMILY_TOKENIZERS, available
-from .tokenizers import CL100K, O200K, count
+from .tokenizers import CL100K, O200K, count, loaded
 
 __all__ = [
     "CL100K",
@@ -35,10 +35,15 @@ __all__ = [
     "TOKENS_PER_MESSAGE",
     "TOKENS_PER_NAME",
     "TokenEstimate",
+    "counting_may_block",
     "estimate_messages",
     "estimate_tokens",
     "tokenizer_for",
 ]
+
+# Above this many characters a count can take milliseconds (~0.13 s per MB of random letters on
+# the OpenAI encodings, up to 0.4 s on other families): callers on an event loop count in a thread.
+LONG_TEXT_CHARS = 64_000
 
 # Unknown models are counted as o200k: current OpenAI models use it, and on English it is
 # within ~1% of cl100k, so it is a reasonable middle for an unknown BPE tokenizer.
@@ -318,6 +323,12 @@ class TokenEstimate:
     note: str
     method: str
     messages: int | None = None
+
+
+def counting_may_block(model: str | None, chars: int) -> bool:
+    """Whether counting ``chars`` characters for ``model`` may hold its thread for long: the text
+    is long, or the model's tokenizer is not loaded yet (0.1-3 s, once per process)."""
+    return chars > LONG_TEXT_CHARS or not loaded(_resolve(model).encoding)
 
 
 def estimate_tokens(text: str, model: str | None = None) -> TokenEstimate:

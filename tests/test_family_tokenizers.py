@@ -170,3 +170,20 @@ def test_answers_name_the_tokenizer_and_where_it_comes_from() -> None:
         estimate = estimate_tokens("How many tokens is this?", model)
         assert (estimate.method, estimate.encoding, estimate.known_model) == ("exact", tokenizer, True)
         assert package in estimate.note and estimate.tokens == estimate.base_tokens
+
+
+def test_a_count_may_block_while_its_tokenizer_loads_or_its_text_is_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from skills.models.model_skills import text_chars
+    from skills.tokens import LONG_TEXT_CHARS, counting_may_block
+
+    tokenizers.count("warm", "o200k_base")
+    assert not counting_may_block("gpt-4o", LONG_TEXT_CHARS)
+    assert counting_may_block("gpt-4o", LONG_TEXT_CHARS + 1)
+    monkeypatch.setattr(family_tokenizers, "_counters", {})  # as in a fresh process
+    assert counting_may_block("deepseek-chat", 10)
+    tokenizers.count("warm", "deepseek-v3")
+    assert not counting_may_block("deepseek-chat", 10)
+    # what a model's pricer may count: every string of the body, keys included
+    assert text_chars({"messages": [{"content": "xy"}, {"content": None}], "n": 5}) == 8 + 7 + 2 + 7 + 1

@@ -4,6 +4,7 @@ transport, fallback across upstreams, streaming order, cancellation, validation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -290,3 +291,41 @@ def test_official_client_lists_and_retrieves_models_with_prices_and_availability
     assert slashed.id == "meta-llama/llama-3.3-70b-instruct"
     assert missing.status_code == 404 and missing.code == "model_not_found"
     assert missing.param == "model" and "GET /v1/models" in missing.message
+
+
+def test_a_quote_that_loads_a_tokenizer_does_not_hold_the_event_loop(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first quote of a family loads its tokenizer (0.1-3 s): in a worker thread, so the
+    server keeps answering meanwhile, and the quote is the exact one once it is loaded."""
+    from skills import family_tokenizers
+
+    model, tokenizer = "qwen/qwen-2.5-72b-instruct", "qwen-2.5"  # served by OpenRouter here
+    entry = family_tokenizers.FAMILY_TOKENIZERS[tokenizer]
+    loading, release = threading.Event(), threading.Event()
+
+    def held_load():  # type: ignore[no-untyped-def]
+        loading.set()
+        assert release.wait(timeout=60)
+        return entry.load()
+
+    monkeypatch.setattr(family_tokenizers, "_counters", {})  # as in a fresh process
+    monkeypatch.setitem(family_tokenizers.FAMILY_TOKENIZERS, tokenizer,
+                        dataclasses.replace(entry, load=held_load))
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 50}
+    quoted: dict[str, httpx.Response] = {}
+    quoting = threading.Thread(target=lambda: quoted.setdefault(
+        "reply", httpx.post(f"{env.gateway.url}/v1/chat/completions", json=body, timeout=60)))
+    quoting.start()
+    try:
+        assert loading.wait(timeout=30), ("the quote never loaded the tokenizer", quoted)
+        # the tokenizer is loading (held): the event loop still answers
+        health = httpx.get(f"{env.gateway.url}/healthz", timeout=10)
+        assert health.status_code == 200
+    finally:
+        release.set()
+        quoting.join(timeout=60)
+    reply = quoted["reply"]
+    assert reply.status_code == 402
+    assert {int(a["maxAmountRequired"]) for a in reply.json()["accepts"]} == {_quote_atomic(body)}
+    assert family_tokenizers.loaded(tokenizer)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import SkillUnavailableError
 from ..skill import Operation, Payload, Skill, SkillResult
+from ..tokens import counting_may_block
 from .catalog import Catalog
 from .chat import CHAT_FIELDS, make_chat_operation
 from .media_ops import FACTORIES as MEDIA_FACTORIES
@@ -54,8 +55,9 @@ def build_model_skills(catalog: Catalog, client: Upstream, providers: Mapping[st
     skills = []
     for spec in catalog.models.values():
         targets = model_targets(catalog, spec, providers)
-        operations: dict[str, Operation] = {name: OPERATION_FACTORIES[name](spec, targets, client)
-                                            for name in spec.operations}
+        operations: dict[str, Operation] = {
+            name: _priced_off_the_loop_when_slow(OPERATION_FACTORIES[name](spec, targets, client), spec)
+            for name in spec.operations}
         enable_with = None if targets else catalog.available(spec.id, providers)[1]
         if enable_with is not None:
             operations = {name: _unavailable(op, spec, enable_with) for name, op in operations.items()}
@@ -88,6 +90,31 @@ def model_targets(catalog: Catalog, spec: ModelSpec, providers: Mapping[str, Pro
     return tuple(targets)
 
 
+def _priced_off_the_loop_when_slow(op: Operation, spec: ModelSpec) -> Operation:
+    """`op` priced in a worker thread when its token count may be slow: the model's tokenizer is not
+    loaded yet (0.1-3 s, once per process), or the request's text is long."""
+    def blocks(body: Payload) -> bool:
+        return counting_may_block(spec.id, text_chars(body))
+
+    return dataclasses.replace(op, pricer_blocks=blocks)
+
+
+def text_chars(value: Any) -> int:
+    """The characters of every string in a JSON-like value, keys included (a bound on what a
+    pricer counts); the value is a parsed request body, already bounded in depth and size."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return total
+
+
 def _unavailable(op: Operation, spec: ModelSpec, needed: list[str]) -> Operation:
     """The operation of a model no provider of which is configured: validated as usual, then refused
     (503 naming what enables it) before any quote, and if run directly (a resource's model)."""
@@ -105,7 +132,8 @@ def _unavailable(op: Operation, spec: ModelSpec, needed: list[str]) -> Operation
         raise refused()
 
     # (the declared price facts stay: the listing shows what it will cost once enabled)
-    return dataclasses.replace(op, run=run, pricer=price, streamer=stream if op.streamer else None)
+    return dataclasses.replace(op, run=run, pricer=price, streamer=stream if op.streamer else None,
+                               pricer_blocks=None)
 
 
 def _free(op: Operation) -> Operation:
@@ -113,7 +141,7 @@ def _free(op: Operation) -> Operation:
         return Decimal(0)
 
     return dataclasses.replace(op, pricer=price, price_floor_usd=Decimal(0), price_cap_usd=Decimal(0),
-                               price_rule=None)
+                               price_rule=None, pricer_blocks=None)
 
 
 def _info(spec: ModelSpec, enable_with: list[str] | None) -> Callable[[], dict[str, Any]]:

@@ -24,16 +24,13 @@ import asyncio
 from typing import Any
 
 from skills.errors import SkillInputError
-from skills.tokens import TokenEstimate, estimate_messages, estimate_tokens
+from skills.tokens import TokenEstimate, counting_may_block, estimate_messages, estimate_tokens
 
 MAX_CHARS = 1_000_000
 MAX_MESSAGES = 10_000
 MAX_MODEL_CHARS = 200
 MAX_ROLE_CHARS = 64
 MAX_NAME_CHARS = 256
-# Above this size a count can take milliseconds (~110 ms per MB of random letters); run it
-# off the event loop.
-_THREAD_THRESHOLD = 64_000
 
 _FIELDS = ("text", "messages", "model")
 _MESSAGE_FIELDS = ("role", "content", "name")
@@ -170,7 +167,7 @@ async def run(payload: dict[str, Any]) -> dict[str, Any]:
     size = len(payload["text"]) if "text" in payload else sum(
         len(m["content"]) for m in payload["messages"]
     )
-    if size > _THREAD_THRESHOLD:
+    if counting_may_block(payload["model"], size):  # a long text, or a tokenizer to load
         estimate = await asyncio.to_thread(_estimate, payload)
     else:
         estimate = _estimate(payload)
