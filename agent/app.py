@@ -22,6 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent import hygiene
+from agent.a2a.http import A2AHttpLayer
+from agent.edge.http_io import HttpProblem, edge_error
+from agent.mcp.face import McpFace
+from agent.observability.metrics import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
+from agent.pipeline.gateway import Gateway
+from agent.settings import ConfigError, Settings
+from agent.version import VERSION
 from compat import marketplace, openai_api
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
 from payments.controls import Controls
@@ -50,15 +58,6 @@ from skills.resource_files import (
     load_resource_dirs,
 )
 from wellknown import agent_card, catalogue_page, discovery, openapi
-
-from . import hygiene
-from .a2a_http import A2AHttpLayer
-from .gateway import Gateway
-from .http_io import HttpProblem, edge_error
-from .mcp_face import McpFace
-from .observability import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
-from .settings import ConfigError, Settings
-from .version import VERSION
 
 log = logging.getLogger("paywire")
 
@@ -264,8 +263,8 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
     """JSON-RPC at /a2a and /a2a/ (1.0 and 0.3 method names), tasks in the ledger's database."""
     from a2a.server.routes import create_jsonrpc_routes
 
-    from .a2a_executor import OwnerContextBuilder, PaywireExecutor, task_owner
-    from .a2a_tasks import OwnedTaskStore, PaywireRequestHandler
+    from agent.a2a.executor import OwnerContextBuilder, PaywireExecutor, task_owner
+    from agent.a2a.tasks import OwnedTaskStore, PaywireRequestHandler
 
     # Task inputs are the caller's secrets, and at DEBUG the SDK logs whole requests, tasks and
     # events, and aiosqlite every SQL parameter: those two stay at INFO even when the root is DEBUG.
@@ -468,14 +467,14 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     route_list += discovery.routes(gateway, settings.base_url,
                                    [*openai_api.described_routes(gateway), marketplace.INVOKE_ROUTE])
     if settings.admin_token is not None:  # unset: nothing under /admin (404 like any unknown path)
-        from .admin import admin_mount
-        from .admin_controls import control_routes
+        from agent.operator.admin import admin_mount
+        from agent.operator.controls import control_routes
 
-        # the operator API and page (agent/admin.py); the controls behind the same token
+        # the operator API and page (agent/operator/admin.py); the controls behind the same token
         route_list.append(admin_mount(settings.secret("admin_token"), engine, extra_routes=(
             control_routes(controls, gateway.catalogue))))
     if devnet is not None:
-        from .devnet_http import routes as devnet_routes
+        from agent.devnet.http import routes as devnet_routes
 
         route_list += devnet_routes(devnet, settings.base_url)
     app = Starlette(routes=route_list, lifespan=lifespan, exception_handlers={

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .settings import Settings
+from agent.settings import Settings
 
 if TYPE_CHECKING:
-    from .app import Runtime
+    from agent.app import Runtime
 
 log = logging.getLogger("paywire.startup")
 

@@ -50,7 +50,7 @@ def configure_logging(level: str, json_lines: bool = False) -> None:
     (uvicorn configures only its own loggers, unless JSON lines are asked: then uvicorn is left
     unconfigured and its lines reach this handler too; see serving.uvicorn_config)."""
     if json_lines:
-        from .request_log import json_handler
+        from agent.observability.request_log import json_handler
 
         logging.basicConfig(level=level.upper(), handlers=[json_handler()], force=True)
         return

@@ -25,9 +25,8 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
+from agent.key_files import read_key_files
 from payments.networks import NetworkInfo, lookup_network
-
-from .key_files import read_key_files
 
 
 class ConfigError(ValueError):
@@ -221,7 +220,7 @@ class Settings(_FromEnvironment):
         accepts="a token of 32 to 256 printable characters without spaces (e.g. `openssl rand "
         "-hex 32`)", min_length=32, max_length=256)
 
-    # --- what operators watch (agent/observability.py, agent/request_log.py)
+    # --- what operators watch (agent/observability/metrics.py, agent/observability/request_log.py)
     metrics: bool = _var(
         "PAYWIRE_METRICS", True, "serve Prometheus metrics at GET /metrics (they include revenue: set "
         "PAYWIRE_METRICS_TOKEN, or keep the port off the internet)", accepts="true or false")
@@ -638,7 +637,7 @@ class PayerSettings(_FromEnvironment):
     data_dir: Path = _var("PAYWIRE_DATA_DIR", Path(".paywire"),
                           "`paywire pay`, `paywire mcp`: where the devnet demo payer's keys are (and "
                           "the spend ledger of `paywire mcp`)", accepts="a folder")
-    # `paywire mcp` (agent/mcp_proxy.py): the paying stdio MCP proxy and its spend caps
+    # `paywire mcp` (agent/mcp/proxy.py): the paying stdio MCP proxy and its spend caps
     mcp_server_url: str | None = _url(
         "PAYWIRE_MCP_SERVER_URL", "`paywire mcp`: the remote MCP server (streamable HTTP) whose tools "
         "it offers and pays for, e.g. https://gateway.example/mcp")

@@ -130,8 +130,8 @@ def start_gateway(source: Path, database_url: str | None, extra_env: dict[str, s
         env["PAYWIRE_DATABASE_URL"] = database_url
     log_path = data_dir / "serve.log"
     with open(log_path, "wb") as log:
-        # `python -m agent.cli` is the `paywire` script; run in `source`, it imports that tree.
-        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--log-level", "warning"],
+        # `python -m agent.cli.main` is the `paywire` script; run in `source`, it imports that tree.
+        proc = subprocess.Popen([sys.executable, "-m", "agent.cli.main", "serve", "--log-level", "warning"],
                                 cwd=source, env=env, stdout=log, stderr=subprocess.STDOUT)
     gw = Gateway(proc, f"http://127.0.0.1:{port}", data_dir, log_path)
     deadline = time.monotonic() + READY_DEADLINE_S

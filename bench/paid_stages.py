@@ -107,7 +107,7 @@ def main() -> None:
            "LOCAL_LLM_BASE_URL": f"http://127.0.0.1:{mock_port}/v1", "PAYWIRE_DATA_DIR": data_dir,
            "PAYWIRE_PORT": str(port)}
     env.pop("PAYWIRE_FREE_MODELS", None)
-    server = subprocess.Popen([sys.executable, "-m", "agent.cli", "serve", "--log-level", "warning"],
+    server = subprocess.Popen([sys.executable, "-m", "agent.cli.main", "serve", "--log-level", "warning"],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -8,10 +8,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agent.bazaar import HttpRoute
-from agent.catalogue import usd_text
-from agent.gateway import CallRequest, Gateway
-from agent.http_io import HttpProblem, client_address, payment_from, read_json_object, render
+from agent.edge.http_io import HttpProblem, client_address, payment_from, read_json_object, render
+from agent.pipeline.bazaar import HttpRoute
+from agent.pipeline.catalogue import usd_text
+from agent.pipeline.gateway import CallRequest, Gateway
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
@@ -50,7 +50,7 @@ def catalogue_item(skill: Any, available: bool = True,
         "price_usd": format(skill.price_usd.normalize(), "f") if skill.price_usd is not None else None,
         "endpoint": f"/v1/marketplace/api/{skill.id}",
         "available": available,  # false: the operator switched it off (calls answer 503)
-        # the one price description (agent/price_terms.py): the catalogue page shows it
+        # the one price description (agent/pipeline/price_terms.py): the catalogue page shows it
         **({"price": price} if price is not None else {}),
     }
 

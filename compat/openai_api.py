@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agent.bazaar import HttpRoute
-from agent.gateway import Gateway
+from agent.pipeline.bazaar import HttpRoute
+from agent.pipeline.gateway import Gateway
 
 from . import openai_media, openai_text
 from .openai_common import find_model, json_model_route, model_route

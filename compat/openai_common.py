@@ -10,9 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from agent.bazaar import BodyType, HttpRoute
-from agent.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
-from agent.http_io import (
+from agent.edge.http_io import (
     HttpProblem,
     client_address,
     error_body,
@@ -23,10 +21,12 @@ from agent.http_io import (
     render,
     timing_headers,
 )
+from agent.pipeline.bazaar import BodyType, HttpRoute
+from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
 
 NO_RETRY = {"x-should-retry": "false"}
 
-# What a model route's 402 tells x402 indexers besides its body schema (agent/bazaar.py): an
+# What a model route's 402 tells x402 indexers besides its body schema (agent/pipeline/bazaar.py): an
 # example body (the route's first available model is added) and what comes back.
 ROUTE_DOCS: dict[str, tuple[dict[str, Any] | None, str, str]] = {
     "chat.completions": ({"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64},

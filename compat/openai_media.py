@@ -21,8 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent.gateway import CallRequest, Gateway
-from agent.http_io import (
+from agent.edge.http_io import (
     BodyTooLarge,
     HttpProblem,
     client_address,
@@ -30,7 +29,8 @@ from agent.http_io import (
     read_body,
     read_json_object,
 )
-from agent.payloads import UploadedFile
+from agent.pipeline.gateway import CallRequest, Gateway
+from agent.pipeline.payloads import UploadedFile
 
 from .openai_common import empty, json_model_route, model_route, model_skill, respond
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
-from agent.gateway import Gateway
+from agent.pipeline.gateway import Gateway
 
 from .openai_common import json_model_route
 

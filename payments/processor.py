@@ -264,7 +264,7 @@ class PaymentProcessor:
         extensions: Mapping[str, Any] | None = None,
     ) -> PaymentRequired:
         """The v2 quote. `extensions`: more for this route (the bazaar description a face's route
-        declares, agent/bazaar.py), offered beside the payment identifier."""
+        declares, agent/pipeline/bazaar.py), offered beside the payment identifier."""
         return PaymentRequired(x402_version=2, error=error, resource=resource, accepts=requirements,
                                extensions={**_EXTENSIONS, **(extensions or {})})
 

@@ -8,7 +8,7 @@ from typing import Any
 from .registry import SkillRegistry
 from .skill import Skill, SkillResult
 
-HELP_SKILL = "help"  # the skill's id, the one definition (agent.catalogue passes it on to the faces)
+HELP_SKILL = "help"  # the skill's id, the one definition (agent.pipeline.catalogue passes it on to the faces)
 HOW_TO_CALL = (
     'Send a message with a data part {"skill": "<skill id>", "input": {...}} where input is '
     "the JSON body of the skill's REST route. Paid skills answer with an x402 quote (HTTP 402, "

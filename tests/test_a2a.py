@@ -34,7 +34,7 @@ from x402.mechanisms.svm.exact import register_exact_svm_client
 from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentRequired
 
-from agent.a2a_messages import X402_EXTENSION, coerce_numbers
+from agent.a2a.messages import X402_EXTENSION, coerce_numbers
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from tests.support.hooked_resources import Streamer

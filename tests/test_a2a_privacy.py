@@ -32,9 +32,9 @@ from a2a.types import TaskState
 from eth_account import Account
 from x402.schemas import PaymentRequired
 
-from agent.a2a_executor import PaywireExecutor
-from agent.a2a_messages import X402_EXTENSION
-from agent.a2a_tasks import OwnedTaskStore
+from agent.a2a.executor import PaywireExecutor
+from agent.a2a.messages import X402_EXTENSION
+from agent.a2a.tasks import OwnedTaskStore
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from payments.networks import BASE_SEPOLIA

@@ -16,7 +16,7 @@ import pytest
 from eth_account import Account
 from x402.schemas import PaymentRequired
 
-from agent.a2a_messages import X402_EXTENSION
+from agent.a2a.messages import X402_EXTENSION
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from tests.support.identity import siwx_header

@@ -14,7 +14,7 @@ import pytest
 from x402.extensions.bazaar import validate_discovery_extension
 from x402.schemas import PaymentRequired, PaymentRequiredV1
 
-from agent.a2a_messages import X402_EXTENSION, X402_EXTENSION_V01, X402_EXTENSION_V01_SPEC
+from agent.a2a.messages import X402_EXTENSION, X402_EXTENSION_V01, X402_EXTENSION_V01_SPEC
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from tests.support.live_server import LiveServer
 from tests.support.paying import EVM_NET, SOL_NET, client_for, sign

@@ -29,7 +29,7 @@ from x402.mechanisms.svm.constants import TOKEN_PROGRAM_ADDRESS
 from x402.mechanisms.svm.utils import derive_ata
 from x402.schemas import PaymentRequired, PaymentRequirements, ResourceInfo
 
-from agent.a2a_messages import X402_EXTENSION
+from agent.a2a.messages import X402_EXTENSION
 from agent.app import create_app
 from agent.serving import uvicorn_config
 from agent.settings import Settings

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from agent.app import make_engine
-from agent.cli import main
+from agent.cli.main import main
 from payments import ledger as ledger_module
 from payments.accounting import (
     Accounting,

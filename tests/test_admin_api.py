@@ -1,4 +1,4 @@
-"""The operator API (agent/admin.py): absent unless PAYWIRE_ADMIN_TOKEN is set, every route behind
+"""The operator API (agent/operator/admin.py): absent unless PAYWIRE_ADMIN_TOKEN is set, every route behind
 the bearer token, parameters checked, and the same figures as `paywire ledger` after real paid
 calls on a live devnet server."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.cli import main
+from agent.cli.main import main
 from agent.settings import ConfigError, Settings
 from tests.support.live_server import LiveServer
 from tests.support.operator_ledger import (

@@ -25,7 +25,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from agent.catalogue import Catalogue
+from agent.pipeline.catalogue import Catalogue
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from skills.registry import SkillRegistry
 from skills.resource_files import BUILTIN_DIR, load_resource_dirs
@@ -194,13 +194,13 @@ def test_card_identity_interfaces_and_capabilities(card: AgentCard) -> None:
 
 
 def test_extension_uri_matches_the_executor() -> None:
-    messages = pytest.importorskip("agent.a2a_messages")
+    messages = pytest.importorskip("agent.a2a.messages")
     assert messages.X402_EXTENSION == X402_EXTENSION
 
 
 def test_examples_are_messages_the_executor_understands(gateway: Any, card: AgentCard) -> None:
     """Each example, sent as the data part of a message, calls that skill with that input."""
-    messages = pytest.importorskip("agent.a2a_messages")
+    messages = pytest.importorskip("agent.a2a.messages")
     for entry in card.skills:
         for example in entry.examples:
             try:

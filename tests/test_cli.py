@@ -208,7 +208,7 @@ def test_every_commands_help_describes_each_option_its_default_and_the_variables
     """Walks the parser, so a command added later is held to the same: each option (and
     argument) says what it is, one with a default says which, a command says which environment
     variables it reads (its epilog), and `--help` prints all of it."""
-    from agent.cli import build_parser, main
+    from agent.cli.main import build_parser, main
 
     commands = list(_commands(build_parser()))
     assert {" ".join(path) for path, _ in commands} >= {

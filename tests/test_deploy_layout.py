@@ -30,7 +30,7 @@ import httpx
 import pytest
 from x402.schemas import PaymentRequired
 
-from agent.devnet_server import SECRET_VARIABLES
+from agent.devnet.server import SECRET_VARIABLES
 from agent.settings import ConfigError, Settings
 from payments.codec import decode_base64_any
 from payments.devnet.keys import KEYS_FILE

@@ -37,8 +37,8 @@ sys.meta_path.insert(0, NotInstalled())
 """
 PRODUCTION_IMPORTS = (
     "agent.app",
-    "agent.cli",
-    "agent.gateway",
+    "agent.cli.main",
+    "agent.pipeline.gateway",
     "payments.processor",
     "payments.ledger",
     "payments.facilitators",
@@ -52,7 +52,7 @@ def _python(code: str) -> list[str]:
 
 
 def _serve(port: int) -> list[str]:
-    return _python(f"from agent.cli import main; sys.exit(main(['serve', '--port', '{port}', "
+    return _python(f"from agent.cli.main import main; sys.exit(main(['serve', '--port', '{port}', "
                    "'--log-level', 'warning']))")
 
 

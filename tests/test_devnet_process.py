@@ -29,7 +29,7 @@ from solders.message import MessageV0
 from solders.system_program import TransferParams, transfer
 from solders.transaction import VersionedTransaction
 
-from agent.cli import main as paywire_main
+from agent.cli.main import main as paywire_main
 from agent.settings import Settings
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, post_paid, quote, receipt, sign

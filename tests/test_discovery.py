@@ -305,9 +305,9 @@ def _resource(skill_id: str, schema: dict[str, Any], example: dict[str, Any]) ->
 
 
 def test_a_description_stays_small_and_valid_whatever_the_schema() -> None:
-    from agent.bazaar import MAX_BYTES, Bazaar, HttpRoute
-    from agent.catalogue import Catalogue
-    from agent.price_terms import PaymentOption
+    from agent.pipeline.bazaar import MAX_BYTES, Bazaar, HttpRoute
+    from agent.pipeline.catalogue import Catalogue
+    from agent.pipeline.price_terms import PaymentOption
     from skills.registry import SkillRegistry
 
     wordy = {"type": "object", "required": ["text"], "properties": {

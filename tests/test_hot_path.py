@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from agent.pipeline.timing import Timings
 from agent.serving import YOUNG_THRESHOLD, tune_garbage_collector, uvicorn_config
-from agent.timing import Timings
 from compat.openai_common import DONE, EventStream, _ClientWatch, sse
 from skills import tokenizers, wire_json
 from skills import tokens as tok

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from eth_account import Account
 
-from agent import cli
+from agent.cli import main as cli
 from agent.settings import ConfigError, PayerSettings, Settings
 
 EVM_KEY = "0x" + "3c" * 32

@@ -85,7 +85,7 @@ async def proxy(chain: Chain, server_url: str, folder: Path, *options: str,
     stderr = folder / f"proxy-{next(_PROXIES)}.log"
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "agent.cli", "mcp", "--server", server_url, "--ledger", str(ledger),
+        args=["-m", "agent.cli.main", "mcp", "--server", server_url, "--ledger", str(ledger),
               "--log-level", "info", *options],
         env={**os.environ, "PYTHONPATH": str(ROOT), "PAYWIRE_DATA_DIR": str(chain.data_dir),
              "PAYWIRE_SOLANA_RPC_URL": chain.solana_rpc, **(env or {})},
@@ -196,7 +196,7 @@ async def test_the_daily_cap_refuses_after_n_calls_and_spent_lists_them(
     assert [row.status for row in _rows(p.ledger)] == ["settled", "settled"]
 
     done = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.cli", "mcp", "--spent", "--ledger", str(p.ledger),
+        sys.executable, "-m", "agent.cli.main", "mcp", "--spent", "--ledger", str(p.ledger),
         "--max-per-day", "0.02", cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await done.communicate()
@@ -300,7 +300,7 @@ def test_reservations_from_many_threads_never_overshoot(tmp_path: Path) -> None:
 
 def test_caps_are_checked_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.cli import main
+    from agent.cli.main import main
 
     assert main(["mcp", "--server", "http://127.0.0.1:9/mcp", "--max-per-call", "0.1234567"]) == 2
     err = capsys.readouterr().err
@@ -327,7 +327,7 @@ def test_every_variable_of_the_client_is_documented() -> None:
 
 def test_an_unreachable_server_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent.cli import main
+    from agent.cli.main import main
     from tests.support.live_server import bound_socket
 
     sock, port = bound_socket()  # bound, never listening: connections are refused
@@ -344,7 +344,7 @@ def test_an_unreachable_server_is_one_line(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_spent_as_json_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from agent.cli import main
+    from agent.cli.main import main
 
     ledger = SpendLedger(tmp_path / "spend.db")
     row = _reserve(ledger, 5_750, 1_000_000)
@@ -360,7 +360,7 @@ def test_spent_as_json_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[st
         "unknown", "0.00575", "5750", "TimeoutError")
 
 
-# ---- against a live devnet paywire's /mcp (agent/mcp_face.py) ------------------------------------
+# ---- against a live devnet paywire's /mcp (agent/mcp/face.py) ------------------------------------
 
 PAYWIRE_TOOL = "token-count-508"
 PAYWIRE_ARGS = {"text": f"Counted for {SECRET_ARGUMENT}.", "model": "gpt-4o"}

@@ -1,4 +1,4 @@
-"""The MCP face at /mcp (agent/mcp_face.py), driven by the official `mcp` client over streamable HTTP
+"""The MCP face at /mcp (agent/mcp/face.py), driven by the official `mcp` client over streamable HTTP
 against a live devnet gateway whose models are served by an OpenAI-compatible stand-in (the `env`
 fixture of tests/support/model_env.py); paid with the x402 SDK's MCP client (`x402.mcp`) on both
 chains: the same pipeline, price, ledger and exactly-once claim as REST."""
@@ -34,9 +34,9 @@ from x402.mechanisms.svm.exact import register_exact_svm_client
 from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentPayload, PaymentRequired
 
-from agent import mcp_face
-from agent.gateway import CallRequest, Outcome
-from agent.price_terms import route_terms
+from agent.mcp import face as mcp_face
+from agent.pipeline.gateway import CallRequest, Outcome
+from agent.pipeline.price_terms import route_terms
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from tests.support.model_env import Env
 from tests.support.paying import EVM_NET, SOL_NET

@@ -40,7 +40,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from agent.cli import main
+from agent.cli.main import main
 from payments import schema
 from payments.ledger_schema import events_table, metadata, payments_table
 from payments.schema import BASELINE, SchemaAhead, SchemaOutdated

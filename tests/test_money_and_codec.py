@@ -76,7 +76,7 @@ def test_reads_either_payment_header_once_at_the_edge() -> None:
     one carries its refusal, naming the header)."""
     from starlette.datastructures import Headers
 
-    from agent.http_io import payment_from
+    from agent.edge.http_io import payment_from
 
     payment = payment_from(Headers({"x-payment": " abc "}))
     assert payment is not None and payment.payload is None and payment.where == "X-PAYMENT"

@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import create_async_engine
 from x402.schemas import PaymentRequired
 
-from agent.gateway import Delivered, PaymentDemanded, Refused
-from agent.observability import Metrics, Observer
-from agent.request_log import JsonFormatter
+from agent.observability.metrics import Metrics, Observer
+from agent.observability.request_log import JsonFormatter
+from agent.pipeline.gateway import Delivered, PaymentDemanded, Refused
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from payments.ledger import Ledger

@@ -24,7 +24,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from agent.price_terms import route_terms
+from agent.pipeline.price_terms import route_terms
 from payments.codec import decode_base64_any
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_shapes import SHAPES_FILE, render

@@ -18,8 +18,8 @@ from eth_account import Account
 from sqlalchemy import inspect, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from agent.a2a_messages import X402_EXTENSION
-from agent.cli import main
+from agent.a2a.messages import X402_EXTENSION
+from agent.cli.main import main
 from payments import schema
 from payments.networks import BASE_SEPOLIA
 from tests.support.live_server import LiveDatabase, LiveServer, start_server

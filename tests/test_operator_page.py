@@ -1,4 +1,4 @@
-"""The operator page (GET /admin/, agent/operator_page/) in headless Chromium: Debian's
+"""The operator page (GET /admin/, agent/operator/operator_page/) in headless Chromium: Debian's
 /usr/bin/chromium driven by Playwright (the python package; no browser download). After real
 paid calls, one failure and one pending settlement on a live devnet server, the page asks for the
 token, then shows revenue and calls per day (an SVG with a point per day), the margin per skill,

@@ -13,7 +13,7 @@ import pytest
 from eth_account import Account
 
 from agent.app import make_engine
-from agent.cli import main
+from agent.cli.main import main
 from payments.ledger import ClaimRequest, Ledger, PaymentKey
 from tests.support.live_server import bound_socket, start_server
 from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, receipt, sign

@@ -1,4 +1,4 @@
-"""The one price description (agent/price_terms.py): fixed prices, model operations' declared bounds
+"""The one price description (agent/pipeline/price_terms.py): fixed prices, model operations' declared bounds
 and rules taken from the pricers' own constants, priced resources, exact atomic units, and a route's
 terms over every model that serves it."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.catalogue import Catalogue
-from agent.price_terms import MODEL_PRICES, PaymentOption, PriceTerms, price_terms, route_terms
+from agent.pipeline.catalogue import Catalogue
+from agent.pipeline.price_terms import MODEL_PRICES, PaymentOption, PriceTerms, price_terms, route_terms
 from payments.money import usd_to_atomic
 from payments.networks import BASE, SOLANA
 from skills.errors import SkillInputError

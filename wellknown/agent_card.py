@@ -32,9 +32,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent.a2a_messages import X402_EXTENSION, X402_EXTENSIONS
-from agent.catalogue import HELP_SKILL, Catalogue, fixed_price_text
-from agent.http_io import json_bytes
+from agent.a2a.messages import X402_EXTENSION, X402_EXTENSIONS
+from agent.edge.http_io import json_bytes
+from agent.pipeline.catalogue import HELP_SKILL, Catalogue, fixed_price_text
 
 if TYPE_CHECKING:
     from skills.skill import Skill

@@ -6,7 +6,7 @@ description (agent card, OpenAPI, discovery, MCP, the catalogue API) to any othe
 The page is a static shell: its script reads
 
 - `GET /api/marketplace/apis` (compat/marketplace.py): the resources, searched, filtered and paged
-  server-side, each with its price terms (agent/price_terms.py, as everywhere else);
+  server-side, each with its price terms (agent/pipeline/price_terms.py, as everywhere else);
 - `GET /catalogue/models`: every model with the facts `GET /v1/models` lists (prices per token,
   availability) and its price terms; ~100 rows, filtered in the browser;
 - `GET /catalogue/skills/{id}`: one skill's example and copy-paste snippets (wellknown/snippets.py),
@@ -27,9 +27,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agent.gateway import Gateway
-from agent.http_io import HttpProblem, page_headers
-from agent.price_terms import PriceTerms
+from agent.edge.http_io import HttpProblem, page_headers
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.price_terms import PriceTerms
 
 from .snippets import (
     FORM_FILE_FIELDS,
@@ -82,7 +82,7 @@ def _fixed_usd(terms: PriceTerms) -> Decimal | None:
 
 
 def mcp_tool(skill_id: str, kind: str, operation: str | None) -> str | None:
-    """The tool that calls this at /mcp (agent/mcp_face.py's naming): a resource's id with
+    """The tool that calls this at /mcp (agent/mcp/face.py's naming): a resource's id with
     characters MCP clients refuse as `_`; a model operation's tool (`chat_completions`, the model
     an argument). None: an upload operation, REST only."""
     if kind == "model":

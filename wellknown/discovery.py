@@ -7,7 +7,7 @@ Every paid route is an item: each marketplace resource under its own URL, and ea
 route one of whose models is available here (the route's template, a body naming the model). An
 item's `accepts` are the requirements a 402 gives for its price (a request-priced route: its
 minimum), built by the gateway's payment processor; `extensions.bazaar` is the very description
-its 402s carry (agent/bazaar.py); `metadata` lifts that description's input, output and price
+its 402s carry (agent/pipeline/bazaar.py); `metadata` lifts that description's input, output and price
 (`PriceTerms.as_json()`, the same as everywhere else) beside the name and categories. So an
 indexer (or a gateway) can list paywire's resources without probing, and a client can pay one
 it found here alone.
@@ -25,9 +25,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from agent.bazaar import HttpRoute, sellable
-from agent.gateway import Gateway
-from agent.http_io import HttpProblem, json_bytes
+from agent.edge.http_io import HttpProblem, json_bytes
+from agent.pipeline.bazaar import HttpRoute, sellable
+from agent.pipeline.gateway import Gateway
 
 if TYPE_CHECKING:
     from skills.skill import Skill

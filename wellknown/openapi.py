@@ -3,7 +3,7 @@
 Generated from what the routes themselves use, so it cannot drift from them:
 - the registry (the `Catalogue`): one path per marketplace resource with its input JSON Schema and
   example, the models each /v1 route serves, and every price as `x-payment-info`, the one price
-  description (agent/price_terms.py) the 402s, discovery, MCP and the catalogue page show too;
+  description (agent/pipeline/price_terms.py) the 402s, discovery, MCP and the catalogue page show too;
 - the /v1 routes' field tables (skills/models/request_fields.py via `Catalogue.request_schema`):
   exactly the fields each route accepts, typed by the checks that enforce them, else by OpenAI's
   own request types; OpenAI's response shapes, generated from the `openai` package's types into
@@ -32,8 +32,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from x402.schemas import PaymentRequiredV1
 
-from agent.gateway import Gateway
-from agent.price_terms import PriceTerms, route_terms
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.price_terms import PriceTerms, route_terms
 
 from . import discovery
 

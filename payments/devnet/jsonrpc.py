@@ -3,7 +3,7 @@
 A chain answers one call at a time, `rpc(method, params) -> {"result": ...} | {"error": {...}}`;
 everything around that is here, once: the batch limits, ids, `-32600` for a call that is not a
 call, the error shape. Both HTTP faces of a chain use it: the gateway's `/devnet/evm` and
-`/devnet/solana` (agent/devnet_http.py) and the loopback test server (tests/support/
+`/devnet/solana` (agent/devnet/http.py) and the loopback test server (tests/support/
 jsonrpc_http.py). Each face reads and bounds the body itself (and answers a body it cannot parse
 with `refusal(400, PARSE_ERROR, ...)`).
 

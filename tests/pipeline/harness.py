@@ -18,9 +18,9 @@ from eth_account import Account
 from sqlalchemy import update
 from x402.schemas import PaymentPayload
 
-from agent import gateway as gateway_module
 from agent.app import make_engine
-from agent.gateway import CallRequest, Gateway, Outcome, Payment, PaymentDemanded
+from agent.pipeline import gateway as gateway_module
+from agent.pipeline.gateway import CallRequest, Gateway, Outcome, Payment, PaymentDemanded
 from payments.leases import SettlementPolicy
 from payments.ledger import Ledger
 from payments.ledger_schema import payments_table

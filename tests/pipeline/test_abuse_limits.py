@@ -13,7 +13,7 @@ import pytest
 from eth_account import Account
 from x402.schemas import PaymentPayload
 
-from agent.gateway import (
+from agent.pipeline.gateway import (
     CallRequest,
     Delivered,
     Gateway,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agent.gateway import Delivered, PaymentDemanded
+from agent.pipeline.gateway import Delivered, PaymentDemanded
 from tests.support.fake_upstream import FakeStream, chat_chunks
 from tests.support.scripted_facilitator import (
     INSUFFICIENT_BALANCE,

@@ -11,7 +11,7 @@ from eth_account.messages import encode_defunct
 from solders.keypair import Keypair
 from x402.extensions.sign_in_with_x import SIWxPayload, encode_siwx_header
 
-from agent.identity import siwx_message
+from agent.edge.identity import siwx_message
 
 
 def siwx_header(base_url: str, *, evm_key: str | None = None, sol_keypair: Keypair | None = None,

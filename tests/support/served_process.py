@@ -13,7 +13,7 @@ from typing import IO
 
 import httpx
 
-PAYWIRE = [sys.executable, "-m", "agent.cli"]
+PAYWIRE = [sys.executable, "-m", "agent.cli.main"]
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 

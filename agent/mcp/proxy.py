@@ -42,11 +42,10 @@ from x402.mcp.utils import (
 )
 from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
 
+from agent.version import VERSION
 from payments.money import display_usd, usd_to_atomic
 from payments.payer import PayerKeys, PayError, choose_option, sign_payment, usd_value
 from payments.spend_caps import OverCap, SpendLedger, expiry, micros_usd, usd_micros
-
-from .version import VERSION
 
 log = logging.getLogger("paywire.mcp")
 

@@ -17,7 +17,7 @@ from typing import Any
 from a2a.types import Message
 from google.protobuf.json_format import MessageToDict
 
-from agent.catalogue import HELP_SKILL
+from agent.pipeline.catalogue import HELP_SKILL
 
 # The a2a-x402 extension (its URI and the metadata keys below): defined here once, the card imports it.
 X402_EXTENSION = "https://github.com/google-agentic-commerce/a2a-x402/blob/main/spec/v0.2"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from .settings import ConfigError, PayerSettings, Settings, looks_secret
-from .version import VERSION
+from agent.settings import ConfigError, PayerSettings, Settings, looks_secret
+from agent.version import VERSION
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -84,9 +84,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except DevnetNotInstalled as exc:  # a production install (`pip install .`) on devnet settings
             print(f"paywire: {exc}", file=sys.stderr)
             return CONFIG_ERROR
-    from .app import create_app
-    from .hygiene import configure_logging
-    from .serving import serve
+    from agent.app import create_app
+    from agent.hygiene import configure_logging
+    from agent.serving import serve
 
     json_logs = settings.log_format == "json"
     configure_logging(args.log_level, json_lines=json_logs)
@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if devnet is not None:
         print(_banner(settings, devnet), file=sys.stderr, flush=True)
     else:
-        from .banner import announce
+        from agent.banner import announce
 
         announce(settings, app.state.runtime)
     serve(app, host=settings.host, port=settings.port, log_level=args.log_level,
@@ -320,9 +320,8 @@ def _mcp_settings(args: argparse.Namespace) -> PayerSettings:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    from agent.mcp.proxy import Caps, ProxyConfig, ProxyError, configure_logging, serve_stdio
     from payments.payer import PayError
-
-    from .mcp_proxy import Caps, ProxyConfig, ProxyError, configure_logging, serve_stdio
 
     try:
         settings = _mcp_settings(args)
@@ -387,7 +386,7 @@ def _print_spent(settings: PayerSettings, args: argparse.Namespace) -> int:
 
 
 def cmd_devnet(args: argparse.Namespace) -> int:
-    from .devnet_server import run
+    from agent.devnet.server import run
 
     return run(host=args.host, port=args.port, data_dir=args.data_dir, env_file=args.env_file,
                public_url=args.public_url, log_level=args.log_level)
@@ -554,10 +553,9 @@ def cmd_db_current(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
+    from agent.cli.ledger_report import report
     from payments.ledger import Ledger
     from payments.schema import SchemaError, ensure_current
-
-    from .ledger_report import report
 
     async def show(engine: AsyncEngine) -> str:
         await ensure_current(engine, create_if_empty=False)
@@ -674,9 +672,8 @@ def _period_and_filters(args: argparse.Namespace, command: str) -> tuple[Any, An
 
 
 def cmd_ledger_revenue(args: argparse.Namespace) -> int:
+    from agent.cli.accounting_report import write_revenue
     from payments.accounting import AccountingInputError, parse_by
-
-    from .accounting_report import write_revenue
 
     command = "paywire ledger revenue"
     parsed = _period_and_filters(args, command)
@@ -693,9 +690,8 @@ def cmd_ledger_revenue(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_payments(args: argparse.Namespace) -> int:
+    from agent.cli.accounting_report import write_payments
     from payments.accounting import MAX_PAGE
-
-    from .accounting_report import write_payments
 
     command = "paywire ledger payments"
     parsed = _period_and_filters(args, command)
@@ -711,10 +707,9 @@ def cmd_ledger_payments(args: argparse.Namespace) -> int:
 
 
 def _ledger_export_parsers(ledger: argparse.ArgumentParser) -> None:
-    """`paywire ledger revenue` and `paywire ledger payments` (agent/accounting_report.py)."""
+    """`paywire ledger revenue` and `paywire ledger payments` (agent/cli/accounting_report.py)."""
+    from agent.cli.accounting_report import FORMATS
     from payments.accounting import GROUPINGS, MAX_PAGE
-
-    from .accounting_report import FORMATS
 
     exports = ledger.add_subparsers(dest="ledger_command", metavar="{revenue,payments}")
     common = argparse.ArgumentParser(add_help=False)
@@ -791,10 +786,9 @@ CONTROLS_VARIABLES = (
 
 def _sold_skill_ids(settings: Settings) -> set[str]:
     """The ids the gateway would sell with these settings (resources, models, help)."""
+    from agent.app import build_registry
     from skills.help import HELP_SKILL
     from skills.models.upstream import UpstreamClient
-
-    from .app import build_registry
 
     return {s.id for s in build_registry(settings, UpstreamClient()).all()} | {HELP_SKILL}
 

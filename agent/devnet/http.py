@@ -14,10 +14,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent.edge.http_io import BodyTooLarge, InvalidJson, read_json
 from payments.devnet import Devnet, jsonrpc
 from payments.networks import lookup_network
-
-from .http_io import BodyTooLarge, InvalidJson, read_json
 
 MAX_RPC_BYTES = 256 * 1024
 MAX_RPC_BATCH = jsonrpc.MAX_BATCH  # calls in one JSON-RPC batch

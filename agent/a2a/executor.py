@@ -48,7 +48,7 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 from starlette.requests import Request
 
-from .a2a_messages import (
+from agent.a2a.messages import (
     ERROR_KEY,
     PAYER_KEY,
     PAYLOAD_KEY,
@@ -63,7 +63,9 @@ from .a2a_messages import (
     message_metadata,
     parse_skill_call,
 )
-from .gateway import (
+from agent.edge.http_io import json_bytes, json_value
+from agent.edge.identity import wallet_owner
+from agent.pipeline.gateway import (
     CallRequest,
     Delivered,
     Gateway,
@@ -74,8 +76,6 @@ from .gateway import (
     SettleGuard,
     settle_guard,
 )
-from .http_io import json_bytes, json_value
-from .identity import wallet_owner
 
 
 @dataclass

@@ -31,6 +31,10 @@ from x402.schemas import (
     SettleResponse,
 )
 
+from agent.pipeline.bazaar import Bazaar, HttpRoute, sellable
+from agent.pipeline.catalogue import Catalogue
+from agent.pipeline.price_terms import PaymentOption
+from agent.pipeline.timing import Timings
 from payments import failpoints
 from payments.broadcast_trace import BroadcastTrace, current_trace
 from payments.codec import PaymentHeaderError, decode_payment_header, decode_payment_object
@@ -73,11 +77,6 @@ from skills.errors import (
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
 
-from .bazaar import Bazaar, HttpRoute, sellable
-from .catalogue import Catalogue
-from .price_terms import PaymentOption
-from .timing import Timings
-
 log = logging.getLogger(__name__)
 
 
@@ -117,7 +116,7 @@ class CallRequest:
     client: str | None = None  # the caller's address (behind PAYWIRE_TRUSTED_PROXIES: the real one)
     route: HttpRoute | None = None  # the face's paid route: its 402 describes it (x402 bazaar)
     # x402 extensions a face that is not an HTTP route adds to its 402 (an MCP tool's bazaar
-    # description, agent/mcp_face.py); used when `route` is None
+    # description, agent/mcp/face.py); used when `route` is None
     extensions: Mapping[str, Any] | None = None
 
 
@@ -234,7 +233,7 @@ class Gateway:
         self.policy = policy or SettlementPolicy()
         self.in_flight = InFlight(ledger, self.policy)  # the leases this process renews
         self.reconciler = reconciler  # resolves a retried payment whose replica is gone
-        self.observer = observer  # sees every call's outcome (agent/observability.py); None: nobody
+        self.observer = observer  # sees every call's outcome (agent/observability/metrics.py); None: nobody
         self.controls = controls  # the operator's skill switches and payer deny list (a snapshot)
         self.limits = limits  # quotes and refused payments per client address / payer (per replica)
 

@@ -44,12 +44,12 @@ from starlette.requests import Request
 from starlette.routing import Route
 from x402.extensions.bazaar import BAZAAR, DeclareMcpDiscoveryConfig, declare_mcp_discovery_extension
 
-from .catalogue import HELP_SKILL
-from .gateway import CallRequest, Delivered, Gateway, Outcome, Payment, PaymentDemanded, Refused
-from .http_io import InvalidJson, client_address, json_bytes, json_value, parse_json
-from .price_terms import PriceTerms, route_terms
-from .timing import Timings
-from .version import VERSION
+from agent.edge.http_io import InvalidJson, client_address, json_bytes, json_value, parse_json
+from agent.pipeline.catalogue import HELP_SKILL
+from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, Payment, PaymentDemanded, Refused
+from agent.pipeline.price_terms import PriceTerms, route_terms
+from agent.pipeline.timing import Timings
+from agent.version import VERSION
 
 if TYPE_CHECKING:
     from skills.skill import Skill
@@ -401,7 +401,8 @@ def quiet_sdk_logs() -> None:
 
 def _bazaar(tool: types.Tool, example: dict[str, Any] | None) -> dict[str, Any]:
     """The x402 bazaar extension of a tool's 402 (the SDK's MCP form: tool name, input schema,
-    example, transport), plus its price terms as `info.price` like the HTTP routes' (agent/bazaar.py),
+    example, transport), plus its price terms as `info.price` like the HTTP routes'
+    (agent/pipeline/bazaar.py),
     so a facilitator that catalogs sellers from the payments it settles lists the tool. Never
     raises: a 402 without the description, never no 402."""
     try:

@@ -27,24 +27,30 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 from starlette.requests import cookie_parser
 
-from .a2a_executor import (
+from agent.a2a.executor import (
     NOBODY,
     OWNER_STATE,
     PAYMENT_STATE,
     PRINCIPALS_STATE,
     HttpPaymentScope,
 )
-from .a2a_messages import (
+from agent.a2a.messages import (
     TOKEN_KEY,
     X402_EXTENSIONS,
     MessageError,
     coerce_numbers,
     parse_skill_call_json,
 )
-from .bazaar import HttpRoute
-from .gateway import SKILL_DISABLED, CallRequest, Gateway, PaymentDemanded, Refused
-from .http_io import InvalidJson, json_bytes, json_value, parse_json, payment_from, receipt_headers, render
-from .identity import (
+from agent.edge.http_io import (
+    InvalidJson,
+    json_bytes,
+    json_value,
+    parse_json,
+    payment_from,
+    receipt_headers,
+    render,
+)
+from agent.edge.identity import (
     SIWX_HEADER,
     TASK_TOKEN_HEADER,
     TASK_TOKEN_PATTERN,
@@ -53,6 +59,8 @@ from .identity import (
     token_owner,
     verify_wallet_header,
 )
+from agent.pipeline.bazaar import HttpRoute
+from agent.pipeline.gateway import SKILL_DISABLED, CallRequest, Gateway, PaymentDemanded, Refused
 
 V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
               "SubscribeToTask", "GetExtendedAgentCard", "CreateTaskPushNotificationConfig",

@@ -1,5 +1,5 @@
 """What an operator sees of a running gateway: Prometheus metrics at `GET /metrics`, a request id
-on every answer (`X-Request-Id`), and one log line per paid call (agent/request_log.py).
+on every answer (`X-Request-Id`), and one log line per paid call (agent/observability/request_log.py).
 
 - `Metrics`: one `CollectorRegistry` per app (tests build several apps per process; replicas
   each expose their own), the instruments, and the exposition. Payments by ledger state are read
@@ -7,7 +7,7 @@ on every answer (`X-Request-Id`), and one log line per paid call (agent/request_
 - `CallFacts.of`: what a call's Outcome says, once, for the metrics and the log line. Labels are
   bounded: skills are the registry's ids (an unknown one is "unknown"), networks the configured
   ones (anything else "other"), outcomes the pipeline's codes.
-- `Observer`: the pipeline's `CallObserver` (agent/gateway.py); `RequestObserver`: pure ASGI,
+- `Observer`: the pipeline's `CallObserver` (agent/pipeline/gateway.py); `RequestObserver`: pure ASGI,
   outermost: the request id in and out, requests counted by route template and status.
 - `metrics_route`: `GET /metrics`, behind `PAYWIRE_METRICS_TOKEN` when one is set.
 
@@ -32,10 +32,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent.observability.request_log import REQUEST_ID_HEADER, accepted_request_id, log_paid_call, request_id
+from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, PaymentDemanded, Refused
 from payments.money import atomic_to_usd, usd_text, usd_to_atomic
-
-from .gateway import CallRequest, Delivered, Gateway, Outcome, PaymentDemanded, Refused
-from .request_log import REQUEST_ID_HEADER, accepted_request_id, log_paid_call, request_id
 
 # Stage timings from 0.1 ms (a quote) to 60 s (a slow model or settlement).
 STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

@@ -8,7 +8,7 @@ PAYWIRE_CONTROLS_REFRESH_SECONDS; this one at once).
     PUT    /payers/denied/{payer}     {"reason": "chargeback abuse"} (body optional)
     DELETE /payers/denied/{payer}     allowed again
 
-`control_routes` gives the routes; agent/admin.py mounts them under /admin behind the operator's
+`control_routes` gives the routes; agent/operator/admin.py mounts them under /admin behind the operator's
 token (PAYWIRE_ADMIN_TOKEN), beside the accounting API.
 """
 
@@ -20,10 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from agent.edge.http_io import HttpProblem, client_address, read_json_object
+from agent.pipeline.catalogue import Catalogue
 from payments.controls import ControlError, Controls, checked_reason, normalize_payer
-
-from .catalogue import Catalogue
-from .http_io import HttpProblem, client_address, read_json_object
 
 MAX_BODY_BYTES = 4096  # {"enabled": ..., "reason": <at most 500 characters>} fits many times over
 

@@ -32,8 +32,8 @@ from a2a.utils.errors import InvalidParamsError, TaskNotCancelableError, TaskNot
 from a2a.utils.task import decode_list_tasks_cursor, encode_list_tasks_cursor
 from sqlalchemy import case, func, or_, select
 
-from .a2a_executor import NOT_CANCELABLE, PaywireExecutor, caller_principals
-from .a2a_messages import PAYER_KEY
+from agent.a2a.executor import NOT_CANCELABLE, PaywireExecutor, caller_principals
+from agent.a2a.messages import PAYER_KEY
 
 
 class OwnedTaskStore(DatabaseTaskStore):

@@ -9,14 +9,13 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from agent.pipeline.price_terms import PaymentOption, PriceTerms, price_terms, route_terms
 from payments.controls import Controls
 from payments.money import display_usd
 from skills.help import HELP_SKILL as HELP_SKILL  # the free help skill's id, for the faces
 from skills.models.model_skills import OPERATION_FIELDS
 from skills.registry import SkillRegistry
 from skills.skill import Skill
-
-from .price_terms import PaymentOption, PriceTerms, price_terms, route_terms
 
 
 class Catalogue:
@@ -47,7 +46,7 @@ class Catalogue:
 
     def price_terms(self, skill: Skill, operation: str | None = None) -> PriceTerms:
         """What `skill`'s operation (None: its default) costs and how it is paid: the one price
-        description every face shows (agent/price_terms.py). SkillInputError: no such operation."""
+        description every face shows (agent/pipeline/price_terms.py). SkillInputError: no such operation."""
         return price_terms(skill, operation, self.payment_options)
 
     @staticmethod

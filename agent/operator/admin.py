@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent.edge.http_io import HttpProblem, error_body, page_headers
 from payments.accounting import (
     MAX_PAGE,
     Accounting,
@@ -45,8 +46,6 @@ from payments.accounting import (
     parse_by,
 )
 from payments.accounting_csv import payments_csv, revenue_csv
-
-from .http_io import HttpProblem, error_body, page_headers
 
 TOKEN_VARIABLE = "PAYWIRE_ADMIN_TOKEN"
 MIN_TOKEN_LENGTH = 32  # agent/settings.py refuses a shorter one at startup
@@ -253,8 +252,8 @@ def admin_routes(accounting: Accounting, extra_routes: Sequence[BaseRoute] = ())
 
 
 def page_routes() -> list[BaseRoute]:
-    """The operator page's static files (agent/operator_page/, package data), read once."""
-    folder = resources.files("agent") / "operator_page"
+    """The operator page's static files (agent/operator/operator_page/, package data), read once."""
+    folder = resources.files("agent.operator") / "operator_page"
     routes: list[BaseRoute] = []
     for path, (name, media_type) in PAGE_FILES.items():
         content = (folder / name).read_bytes()

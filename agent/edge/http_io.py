@@ -8,6 +8,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agent.pipeline.gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 from payments.codec import (
     PAYMENT_HEADERS,
     RECEIPT_HEADERS,
@@ -17,8 +18,6 @@ from payments.codec import (
     v1_body,
 )
 from skills import wire_json
-
-from .gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 
 json_bytes = wire_json.dumps  # JSON as faces send it: compact UTF-8, one codec for every face
 json_value = wire_json.loads  # JSON as faces read what is already bounded (their own answers)

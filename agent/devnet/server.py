@@ -26,13 +26,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent import hygiene
+from agent.devnet.http import routes as devnet_routes
+from agent.edge.http_io import edge_error
+from agent.serving import STARTUP_FAILURE, Server, uvicorn_config
 from payments.devnet import Devnet, DevnetNotInstalled, check_installed
 from payments.devnet.keys import KEYS_FILE, load_or_create_keys
-
-from . import hygiene
-from .devnet_http import routes as devnet_routes
-from .http_io import edge_error
-from .serving import STARTUP_FAILURE, Server, uvicorn_config
 
 # What a production-mode gateway needs and nobody else may read: written to the env file only.
 SECRET_VARIABLES = ("PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY")
@@ -85,7 +84,7 @@ async def _server_error(request: Request, exc: Exception) -> Response:
 
 
 def create_devnet_app(devnet: Devnet, base_url: str) -> Starlette:
-    """The devnet's routes (agent/devnet_http.py) and `GET /healthz`, on an app of their own."""
+    """The devnet's routes (agent/devnet/http.py) and `GET /healthz`, on an app of their own."""
 
     async def healthz(request: Request) -> Response:
         """Liveness and readiness at once: the chains are built before the app serves."""

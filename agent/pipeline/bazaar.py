@@ -14,7 +14,7 @@ never changes): a 402 costs a dictionary lookup. The description is:
   the spec makes the template the catalog key, and every resource under the template is its own
   product (schema, price), so each is cataloged under its own URL.
 - `info.output`: what comes back (type and format).
-- `info.price`: `PriceTerms.as_json()` (agent/price_terms.py), the price description every face
+- `info.price`: `PriceTerms.as_json()` (agent/pipeline/price_terms.py), the price description every face
   shows; on a /v1 model route the route's terms (the range over its models, how a request is
   priced, where the per-model prices are).
 
@@ -41,12 +41,11 @@ from x402.extensions.bazaar import (
     declare_discovery_extension,
 )
 
+from agent.pipeline.catalogue import Catalogue
+from agent.pipeline.price_terms import PriceTerms
 from skills import wire_json
 from skills.errors import SkillUnavailableError
 from skills.skill import Skill
-
-from .catalogue import Catalogue
-from .price_terms import PriceTerms
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""`paywire`: one module per command."""

@@ -1,0 +1,1 @@
+"""The devnet's HTTP routes and its own process (`paywire devnet`)."""

@@ -1,0 +1,1 @@
+"""MCP: the face at /mcp (server) and `paywire mcp` (a paying stdio client)."""

@@ -1,0 +1,1 @@
+"""Metrics, the call observer, request ids and log lines."""

@@ -1,0 +1,1 @@
+"""The operator API and page under /admin."""
