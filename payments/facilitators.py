@@ -16,6 +16,7 @@ import re
 import socket
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,6 +57,11 @@ RECEIPT_TIMEOUT = 30.0
 # Reaching a facilitator (TCP, then TLS) takes at most this: past it, it counts as down and the
 # next one is tried (nothing was sent, so even a settle may fail over).
 CONNECT_TIMEOUT = 5.0
+# The longest answer read from a facilitator. Its JSON is a few KiB; a longer one is dropped as it
+# arrives, never buffered whole (a 300 MiB answer cost the gateway 1.5 GiB): a verify then counts
+# the facilitator as unavailable, a settle is unknown, a /supported list is not a facilitator's.
+ANSWER_LIMIT = 2**20
+SUPPORTED_ANSWER_LIMIT = 2 * 2**20
 
 Payload = PaymentPayload | PaymentPayloadV1
 Requirements = PaymentRequirements | PaymentRequirementsV1
@@ -125,6 +131,15 @@ _TOKEN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _TRANSACTION = re.compile(r"^(0x)?[0-9A-Za-z]{16,128}$")
 
 
+class AnswerRefused(Exception):
+    """The facilitator's answer was not read: longer than the limit, or compressed (not asked
+    for: its size once inflated is not what arrived). `status_code` is the answer's status."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 class RemoteFacilitator(HTTPFacilitatorClientBase):
     """A facilitator service over the x402 HTTP API (`POST /verify`, `POST /settle`, `GET
     /supported`), with the SDK's request bodies and headers (`HTTPFacilitatorClientBase`), on one
@@ -134,32 +149,48 @@ class RemoteFacilitator(HTTPFacilitatorClientBase):
 
     `GET /supported` (asked when the processor starts) tells a facilitator that is down
     (FacilitatorUnavailable: ask again later) from a URL that is not a facilitator
-    (FacilitatorMismatch: a configuration problem). Timeouts bound connecting (at most
-    `CONNECT_TIMEOUT`) and each wait for the facilitator's bytes; a facilitator answers its
-    JSON at once, so they bound the wait for its answer. No message carries a request or
-    response body (a facilitator may echo the payment)."""
+    (FacilitatorMismatch: a configuration problem). Each exchange ends by one deadline (the verify
+    or settle timeout, or `supported_timeout`: connecting, at most `CONNECT_TIMEOUT` of it,
+    sending and the whole answer) and reads at most `ANSWER_LIMIT` bytes of an answer
+    (`SUPPORTED_ANSWER_LIMIT` of a /supported list): see `_exchange`. No message carries a
+    request or response body (a facilitator may echo the payment)."""
 
     def __init__(self, url: str, *, verify_timeout: float = VERIFY_TIMEOUT,
                  settle_timeout: float = SETTLE_TIMEOUT, supported_timeout: float = 10.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         super().__init__(FacilitatorConfig(url=url, timeout=settle_timeout))
         self.name = _without_userinfo(self.url)  # for messages: never the URL's credentials
-        self._timeouts = {"verify": _timeout(verify_timeout), "settle": _timeout(settle_timeout)}
+        self._timeouts = {"verify": verify_timeout, "settle": settle_timeout}
         self._supported_timeout = min(verify_timeout, supported_timeout)
         self._transport = transport  # tests inject faults here
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def get_supported(self) -> SupportedResponse:
+        # Asked at startup and by the background retry, from threads that may run an event loop.
+        # Only an async exchange can be cut off at a deadline (a sync read blocks until bytes
+        # come), so it runs on a loop of its own, in a worker thread.
+        with ThreadPoolExecutor(1, thread_name_prefix="facilitator-supported") as pool:
+            return pool.submit(asyncio.run, self._get_supported()).result()
+
+    async def _get_supported(self) -> SupportedResponse:
         where = f"GET {self.name}/supported"
         try:
-            with httpx.Client(timeout=self._supported_timeout, follow_redirects=True) as client:
-                response = client.get(f"{self.url}/supported", headers=self._get_supported_headers())
+            async with httpx.AsyncClient() as client:
+                response = await self._exchange(client, "GET", "supported", self._supported_timeout,
+                                                SUPPORTED_ANSWER_LIMIT,
+                                                headers=self._get_supported_headers())
         except httpx.HTTPError as exc:
             if _no_such_host(exc):
                 raise FacilitatorMismatch(f"{where}: host {urlsplit(self.url).hostname!r} "
                                           "does not exist (its name does not resolve)") from None
             raise FacilitatorUnavailable(f"{where} did not answer ({_what(exc)})") from None
+        except AnswerRefused as exc:
+            if exc.status_code == 200:  # far too long for a list of payment kinds
+                raise FacilitatorMismatch(f"{where} answered 200 but not with an x402 list of "
+                                          f"supported payment kinds ({exc}), so it is not a "
+                                          "facilitator") from None
+            response = httpx.Response(exc.status_code)  # its status alone says down or not one
         if response.status_code == 429 or response.status_code >= 500:
             raise FacilitatorUnavailable(f"{where} answered {response.status_code}")
         if response.status_code != 200:
@@ -181,6 +212,8 @@ class RemoteFacilitator(HTTPFacilitatorClientBase):
             response = await self._post("verify", payload, requirements)
         except httpx.HTTPError as exc:
             raise FacilitatorUnavailable(f"{where} did not answer ({_what(exc)})") from exc
+        except AnswerRefused as exc:
+            raise FacilitatorUnavailable(f"{where} answered {exc.status_code}, but {exc}") from exc
         if response.status_code != 200:
             reason, _ = _refusal(response)
             raise FacilitatorUnavailable(f"{where} answered {response.status_code}{_aside(reason)}")
@@ -206,6 +239,9 @@ class RemoteFacilitator(HTTPFacilitatorClientBase):
         except httpx.HTTPError as exc:
             raise SettlementUnknown(f"{where}: {_what(exc)} after the request may have reached the "
                                     "facilitator; the settlement may have been broadcast") from exc
+        except AnswerRefused as exc:  # it answered: it had the request
+            raise SettlementUnknown(f"{where} answered {exc.status_code}, but {exc}; the settlement "
+                                    "may have been broadcast") from exc
         status = response.status_code
         if status == 200:
             try:
@@ -230,13 +266,63 @@ class RemoteFacilitator(HTTPFacilitatorClientBase):
             requirements.model_dump(by_alias=True, exclude_none=True),
         )
         headers = self._get_verify_headers() if operation == "verify" else self._get_settle_headers()
-        return await self._http().post(f"{self.url}/{operation}", json=body, headers=headers,
-                                       timeout=self._timeouts[operation])
+        return await self._exchange(self._http(), "POST", operation, self._timeouts[operation],
+                                    ANSWER_LIMIT, json=body, headers=headers)
+
+    async def _exchange(self, client: httpx.AsyncClient, method: str, operation: str,
+                        seconds: float, limit: int, **request: Any) -> httpx.Response:
+        """One request and its whole answer (at most `limit` bytes) within `seconds` in all.
+
+        httpx's timeouts bound each connect, write and read, not the exchange: a facilitator
+        sending a byte a second keeps every read short and the call open for ever. So one
+        deadline covers connecting, sending, every read and any redirect, and the body is read
+        as a stream, dropped (AnswerRefused) past `limit`. A passed deadline is raised as httpx's
+        own error for the phase, so callers classify it as any other failure: ConnectTimeout
+        before anything was sent (a settle may fail over), else ReadTimeout (the request may have
+        arrived: a settle is unknown)."""
+        # Whether the request may have left. httpcore reports each phase to the `trace` extension:
+        # until it starts sending the headers, nothing has left (waiting for a pooled connection,
+        # connecting, TLS). An injected transport (tests) may report nothing: None, not known.
+        sent: bool | None = False if self._transport is None else None
+
+        async def trace(event: str, _: Any) -> None:
+            nonlocal sent
+            if ".send_request_headers." in event:
+                sent = True
+            elif event.startswith("connection.") and sent is None:
+                sent = False
+
+        # Identity: the limit counts the answer itself, not its size on the wire (a small gzip body
+        # can inflate a thousandfold, in one piece).
+        headers = {**request.pop("headers", {}), "Accept-Encoding": "identity"}
+        outgoing = client.build_request(method, f"{self.url}/{operation}", headers=headers,
+                                        timeout=_timeout(seconds), extensions={"trace": trace},
+                                        **request)
+        deadline = asyncio.timeout(seconds)
+        try:
+            async with deadline:
+                for _ in range(client.max_redirects + 1):  # redirects followed here: each bounded
+                    response = await client.send(outgoing, stream=True, follow_redirects=False)
+                    try:
+                        if response.next_request is None:
+                            return await _read(response, limit)
+                    finally:
+                        await response.aclose()  # unread: a redirect's body is never read
+                    outgoing = response.next_request
+                raise httpx.TooManyRedirects("too many redirects", request=outgoing)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            if sent is False:
+                raise httpx.ConnectTimeout(f"no connection within {seconds:g} s",
+                                           request=outgoing) from None
+            raise httpx.ReadTimeout(f"no complete answer within {seconds:g} s",
+                                    request=outgoing) from None
 
     def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:  # a client serves one loop
-            self._client = httpx.AsyncClient(follow_redirects=True, transport=self._transport)
+            self._client = httpx.AsyncClient(transport=self._transport)
             self._client_loop = loop
         return self._client
 
@@ -367,6 +453,24 @@ def remote_facilitator(
 
 def _timeout(seconds: float) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=min(seconds, CONNECT_TIMEOUT))
+
+
+async def _read(response: httpx.Response, limit: int) -> httpx.Response:
+    """`response` (streamed) with its body read, counting as it arrives: past `limit` bytes the
+    rest is never read (AnswerRefused). An encoded body is refused unread (identity was asked)."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):
+        raise AnswerRefused(f"the facilitator's answer was {encoding}-encoded, which was not "
+                            "asked for", response.status_code)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerRefused(f"the facilitator's answer exceeded {limit / 2**20:g} MiB",
+                                response.status_code)
+        chunks.append(chunk)
+    return httpx.Response(response.status_code, headers=response.headers, content=b"".join(chunks),
+                          request=response.request)
 
 
 def _refusal(response: httpx.Response) -> tuple[str, str]:
