@@ -24,7 +24,8 @@ from starlette.routing import Route
 
 from agent import hygiene
 from agent.a2a.http import A2AHttpLayer
-from agent.edge.http_io import HttpProblem, edge_error
+from agent.edge.http_io import HttpProblem, OriginGuard, edge_error
+from agent.edge.origins import own_origins
 from agent.mcp.face import McpFace
 from agent.observability.metrics import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
 from agent.pipeline.gateway import Gateway
@@ -38,6 +39,7 @@ from payments.facilitators import in_process_facilitator, remote_facilitator, rp
 from payments.leases import SettlementPolicy
 from payments.ledger import Ledger, sqlite_pragmas
 from payments.networks import lookup_network
+from payments.payer_mistakes import PayerMistakes
 from payments.processor import PaymentProcessor, PayTo
 from payments.rate_limits import LimitSpec, RateLimits
 from payments.reconciler import Reconciler, chain_asker
@@ -121,7 +123,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 async def _http_problem(request: Request, exc: Exception) -> Response:
     """A face refused the request: answered in that face's shape."""
     assert isinstance(exc, HttpProblem)
-    return edge_error(request.url.path, exc.status, exc.code, exc.message, exc.param, exc.rpc_code)
+    return exc.response(request.url.path)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -388,7 +390,10 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       payment_window_seconds=settings.a2a_payment_timeout_seconds,
                       policy=policy, reconciler=reconciler,
                       observer=Observer(metrics, registry, processor.networks),
-                      controls=controls, limits=rate_limits(settings))
+                      controls=controls, limits=rate_limits(settings),
+                      # an underfunded payer's refusal: its balance, read on the reconciler's RPCs
+                      payer_mistakes=PayerMistakes(chain_rpcs.get, faucet_url=(
+                          f"{settings.base_url}/devnet/faucet" if devnet is not None else None)))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
                       metrics)
     card_factory = agent_card.cached_card_factory(
@@ -462,7 +467,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     route_list += openapi.routes(gateway, settings.base_url, openapi.Surface(  # GET /openapi.json
         openai_api.model_routes(), marketplace.DEFAULT_PAGE_SIZE, marketplace.MAX_PAGE_SIZE,
         settings.max_body_bytes, settings.max_upload_bytes))
-    route_list += catalogue_page.routes(gateway, settings.base_url, VERSION)  # GET /: the catalogue page
+    route_list += catalogue_page.routes(gateway, settings.base_url, VERSION,  # GET /: the catalogue page
+                                        devnet_dir=settings.data_dir if devnet is not None else None)
     # GET /discovery/resources and /.well-known/x402: every paid route, as x402 discovery lists it
     route_list += discovery.routes(gateway, settings.base_url,
                                    [*openai_api.described_routes(gateway), marketplace.INVOKE_ROUTE])
@@ -481,6 +487,10 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         HTTPException: _http_exception, HttpProblem: _http_problem, Exception: _server_error}, middleware=[
         Middleware(RequestObserver, metrics=metrics),  # outermost: the request id covers every answer
         Middleware(ServerTimingTotal),
+        # a browser page from another origin (or a DNS-rebinding one): 403 before any face reads it
+        Middleware(OriginGuard, allowed=own_origins(
+            settings.base_url, settings.host, settings.port, public=bool(settings.public_url))
+            | frozenset(settings.allowed_origins)),
         Middleware(A2AHttpLayer, gateway=gateway, paths={"/a2a", "/a2a/"},
                    rpc_url=f"{settings.base_url}/a2a", max_body_bytes=settings.max_body_bytes),
     ])

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -134,16 +137,35 @@ class Server(uvicorn.Server):
         tune_garbage_collector()
 
 
+class CannotListen(Exception):
+    """The address cannot be listened on; the message says why in one line."""
+
+
+def listen(host: str, port: int, *, port_setting: str) -> socket.socket:
+    """A listening socket, bound before anything is announced: a port in use is the first (and
+    only) thing said, not a line after the banner. Port 0: the system picks a free one.
+    `port_setting` names what chooses another port (e.g. "--port or PAYWIRE_PORT")."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        hint = (f"; another process listens there: stop it, or choose another port with {port_setting}"
+                if exc.errno == errno.EADDRINUSE else "")
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)  # create_server adds the address
+        raise CannotListen(f"cannot listen on {host}:{port}: {reason}{hint}") from None
+
+
 def serve(app: Any, *, host: str, port: int, log_level: str = "info",
           header_timeout: float = HEADER_TIMEOUT_SECONDS,
           body_timeout: float = BODY_TIMEOUT_SECONDS, json_logs: bool = False,
-          trusted_proxies: Sequence[str] = ()) -> None:
-    """`uvicorn.run(app, ...)` for one process, with the settings above."""
+          trusted_proxies: Sequence[str] = (), sock: socket.socket | None = None) -> None:
+    """`uvicorn.run(app, ...)` for one process, with the settings above; on `sock` when given
+    (`listen`), else uvicorn binds host:port itself."""
     server = Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                    header_timeout=header_timeout, body_timeout=body_timeout,
                                    json_logs=json_logs, trusted_proxies=trusted_proxies))
     try:
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     except KeyboardInterrupt:
         pass
     if not server.started:

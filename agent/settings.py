@@ -25,6 +25,7 @@ from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_valid
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
+from agent.edge.origins import origin_of
 from agent.key_files import read_key_files
 from payments.networks import NetworkInfo, lookup_network
 
@@ -165,6 +166,12 @@ class Settings(_FromEnvironment):
     public_url: str = _var(
         "PAYWIRE_PUBLIC_URL", "", "public base URL used in quotes and the agent card (behind a "
         "proxy); default http://HOST:PORT", accepts="an http:// or https:// URL")
+    allowed_origins: Annotated[tuple[str, ...], NoDecode] = _var(
+        "PAYWIRE_ALLOWED_ORIGINS", (), "web origins besides the gateway's own whose pages may POST "
+        "to it and use /mcp (comma-separated, e.g. https://app.example.com); a browser request "
+        "from any other Origin is refused 403 (DNS-rebinding protection); requests without Origin "
+        "(non-browser clients) are not concerned", accepts="comma-separated origins "
+        "(scheme://host[:port])")
     data_dir: Path = _var("PAYWIRE_DATA_DIR", Path(".paywire"),
                           "folder of the SQLite database and the devnet keys", accepts="a folder")
     database_url: str = _var(
@@ -482,6 +489,13 @@ class Settings(_FromEnvironment):
                                  "127.0.0.1 or 10.0.0.0/8); list the proxies' addresses, comma-"
                                  "separated") from None
         return tuple(found)
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _origins(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return tuple(origin_of(o) for o in raw.split(",") if o.strip())  # ValueError names it
+        return raw
 
     @field_validator("free_models", mode="before")
     @classmethod

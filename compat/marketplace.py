@@ -10,7 +10,7 @@ from starlette.routing import Route
 
 from agent.edge.http_io import HttpProblem, client_address, payment_from, read_json_object, render
 from agent.pipeline.bazaar import HttpRoute
-from agent.pipeline.catalogue import usd_text
+from agent.pipeline.catalogue import AVAILABLE, Availability, usd_text
 from agent.pipeline.gateway import CallRequest, Gateway
 
 MAX_PAGE_SIZE = 100
@@ -35,8 +35,10 @@ def _int_param(request: Request, name: str, default: int) -> int:
     return value
 
 
-def catalogue_item(skill: Any, available: bool = True,
+def catalogue_item(skill: Any, availability: Availability = AVAILABLE,
                    price: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One resource as the catalogue lists it; an unavailable one too (a person sees why: its
+    `reason`, what a call's 503 says), with `available: false`."""
     return {
         "resource_id": skill.id,
         "name": skill.name,
@@ -49,7 +51,8 @@ def catalogue_item(skill: Any, available: bool = True,
         "display_price": usd_text(skill.price_usd) if skill.price_usd is not None else "per request",
         "price_usd": format(skill.price_usd.normalize(), "f") if skill.price_usd is not None else None,
         "endpoint": f"/v1/marketplace/api/{skill.id}",
-        "available": available,  # false: the operator switched it off (calls answer 503)
+        # false: switched off, or not configured here (calls answer 503); `reason` says why
+        **availability.as_json(),
         # the one price description (agent/pipeline/price_terms.py): the catalogue page shows it
         **({"price": price} if price is not None else {}),
     }
@@ -77,7 +80,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
         if category:
             resources = [s for s in resources if category in (c.lower() for c in s.categories)]
         start = (page - 1) * page_size
-        items = [catalogue_item(s, gateway.catalogue.available(s.id),
+        items = [catalogue_item(s, gateway.catalogue.availability(s),
                                 gateway.catalogue.price_terms(s).as_json())
                  for s in resources[start : start + page_size]]
         data = {

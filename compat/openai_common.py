@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -67,45 +68,117 @@ def empty(request: Request) -> bool:
 
 
 DONE = b"data: [DONE]\n\n"  # an OpenAI stream's last event
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a request whose client left before its answer
 
 
 class EventStream(StreamingResponse):
-    """An SSE answer tied to its client: a client that leaves cancels the stream at once.
-
-    Under ASGI spec 2.4 Starlette only learns of a disconnect when its next send fails, i.e. when
-    the upstream produces the next chunk; a slow or stuck upstream would keep its request open. So
-    a task waits for `http.disconnect` beside the stream and cancels it (Starlette's own way, an
-    anyio task group per response, cost ~100 µs of CPU per stream). The `DONE` event goes out
-    with the end of the body: one socket write less per stream.
+    """The SSE answer of a delivered stream, tied to its client: a client that leaves cancels the
+    stream at once, and the pipeline is told whether the last byte went to a client still there
+    (`Delivered.handed_over`: a stream nobody received is not delivered; a retry of its payment
+    gets it). The `DONE` event goes out with the end of the body: one socket write less.
     """
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        client = _ClientWatch(receive)
-        try:
-            await self.send_events(send)
-            client.complete = True
-        except asyncio.CancelledError:
-            if not client.left or client.task.uncancel() > 0:
-                raise  # cancelled by someone else (e.g. the server shutting down)
-        finally:
-            client.stop()
+    def __init__(self, content: AsyncIterator[bytes], *, outcome: Delivered | None = None,
+                 headers: dict[str, str] | None = None, media_type: str = "text/event-stream",
+                 ) -> None:
+        super().__init__(content, headers=headers, media_type=media_type)
+        self.outcome = outcome  # the pipeline's stream these events carry (None: nothing to tell)
 
-    async def send_events(self, send: Any) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async with _watching(receive) as client:  # (a free stream: watched from its first byte)
+            await self.answer(send, client)
+
+    async def answer(self, send: Any, client: _ClientWatch) -> None:
+        reached = False
+        try:
+            reached = await self._send_events(send, client)
+        finally:
+            if self.outcome is not None:
+                self.outcome.handed_over(reached)
+
+    async def _send_events(self, send: Any, client: _ClientWatch) -> bool:
+        """Send every event; the body's end only to a client still there. True when it was."""
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        more = True
+        last = b""
         try:
             async for chunk in self.body_iterator:
-                more = chunk is not DONE
-                await send({"type": "http.response.body", "body": chunk, "more_body": more})
+                if chunk is DONE:
+                    last = chunk  # goes out with the end of the body
+                    continue
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:  # cancelled while sending: close the chain down to the upstream request now
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
-        if more:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # A stream that came in one burst was written without a pause, to a connection that may
+        # have died meanwhile (the server's sends to it are silently dropped): it counts as
+        # received only if no disconnect is pending once the loop has heard of the connection.
+        if not await client.present():
+            return False
+        await send({"type": "http.response.body", "body": last, "more_body": False})
+        return True
+
+
+class PaidAnswer(Response):
+    """A paid call, made as its answer is sent: its client is watched from the moment the call
+    starts (not only once a stream begins). A client that leaves while the upstream works stops
+    the call before settlement (nothing is charged); one that leaves while it settles, or before
+    the answer's last byte, gets the result on a retry of the same payment (the pipeline is told
+    it was not delivered)."""
+
+    def __init__(self, gateway: Gateway, req: CallRequest) -> None:  # (no body of its own)
+        self.gateway, self.req = gateway, req
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        answered = False
+        async with _watching(receive) as client:
+            outcome = await self.gateway.call(self.req)
+            answered = True
+            response = respond(outcome)
+            if isinstance(response, EventStream):
+                await response.answer(send, client)
+                return
+            reached = False
+            try:  # (written at once: no await between the call's end and the answer's bytes)
+                await response(scope, receive, send)
+                reached = True
+            finally:
+                if isinstance(outcome, Delivered):
+                    outcome.handed_over(reached)
+        if not answered:  # the client left during the call: nobody reads an answer (the server
+            # drops it); its status is what the request's metrics and log line count
+            with contextlib.suppress(OSError):
+                await send({"type": "http.response.start", "status": CLIENT_CLOSED_REQUEST,
+                            "headers": []})
+
+
+@contextlib.asynccontextmanager
+async def _watching(receive: Any) -> AsyncIterator[_ClientWatch]:
+    """A request's client watched while the block runs: its leaving cancels the block, and that
+    cancellation ends here (nobody is left to answer); any other is passed on."""
+    client = _ClientWatch(receive)
+    try:
+        yield client
+        client.complete = True
+    except asyncio.CancelledError:
+        if not client.left or client.task.uncancel() > 0:
+            raise  # cancelled by someone else (e.g. the server shutting down)
+    finally:
+        client.stop()
 
 
 class _ClientWatch:
-    """Cancels the current task when its client disconnects before the response is complete."""
+    """Cancels the current task when its client disconnects before the response is complete.
+
+    Under ASGI spec 2.4 Starlette only learns of a disconnect when its next send fails (uvicorn
+    drops sends to a closed connection silently), i.e. when the upstream produces the next chunk;
+    a slow or stuck upstream would keep its request open. So a task waits for `http.disconnect`
+    beside the call and the answer and cancels them (Starlette's own way, cost ~100 µs of CPU).
+    """
+
+    # Loop turns `present` yields, enough for a peer's close the loop has not even polled yet:
+    # the socket's EOF read, the connection's loss reported, this watcher woken, the caller
+    # cancelled (a write that failed has already queued the loss: two turns).
+    TURNS = 4
 
     def __init__(self, receive: Any) -> None:
         task = asyncio.current_task()
@@ -119,6 +192,13 @@ class _ClientWatch:
         if not self.complete:  # (a completed response reads as a disconnect too)
             self.left = True
             self.task.cancel()
+
+    async def present(self) -> bool:
+        """Is the client still there, once what the event loop already knows of its connection
+        has been processed? (A client seen leaving cancels the caller here.)"""
+        for _ in range(self.TURNS):
+            await asyncio.sleep(0)
+        return not self.left
 
     def stop(self) -> None:
         # Dropped, not only cancelled: the watcher's frame holds this object, so keeping it here
@@ -178,9 +258,9 @@ def respond(outcome: Outcome) -> Response:
             headers |= receipt_headers(outcome.receipt)
         # X-Accel-Buffering: a reverse proxy that buffers answers (nginx's default) passes this
         # one on event by event (deploy/nginx/paywire.conf turns buffering off anyway).
-        return EventStream(sse(outcome.stream), headers=headers | {"X-Accel-Buffering": "no"},
-                           media_type="text/event-stream")
-    response = render(outcome)
+        return EventStream(sse(outcome.stream), outcome=outcome,
+                           headers=headers | {"X-Accel-Buffering": "no"})
+    response = render(outcome, payment_help=True)  # a 402 says how to pay where OpenAI's clients look
     response.headers.update(retry)
     return response
 
@@ -198,10 +278,12 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
             return respond(await gateway.quote_route(route, f"{base_url}{path}",
                                                      client_address(request)))
         skill = model_skill(gateway, body, operation)
-        outcome = await gateway.call(CallRequest(
+        req = CallRequest(
             skill_id=skill.id, skill=skill, payload=body, resource_url=f"{base_url}{path}",
             payment=payment, stream=body.get("stream") is True, operation=operation,
-            client=client_address(request), route=route))
-        return respond(outcome)
+            client=client_address(request), route=route)
+        if payment is not None:
+            return PaidAnswer(gateway, req)
+        return respond(await gateway.call(req))
 
     return Route(path, handle, methods=["POST"])

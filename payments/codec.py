@@ -2,8 +2,10 @@
 
 The SDK reads only `PAYMENT-SIGNATURE` with v2 payloads. Real clients send v1 payloads in
 `X-PAYMENT` too, and base64 in padded, unpadded and URL-safe forms. This module decodes all of
-them (deciding by the JSON's `x402Version`), caps the size, and encodes the 402 and receipt
-headers. It never logs a payload: a signature is a bearer instrument until settled.
+them (deciding by the JSON's `x402Version`), and the `SIGN-IN-WITH-X` wallet proof, through one
+reader (`decode_json_header`): the size capped before anything is decoded, the JSON bounded by
+`skills.wire_json` (nesting depth, number length) before a parser recurses into it. It encodes the
+402 and receipt headers. It never logs a payload: a signature is a bearer instrument until settled.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from typing import Any
 
 from pydantic import ValidationError
+from x402.extensions.sign_in_with_x import SIWxPayload
 from x402.schemas import (
     PaymentPayload,
     PaymentPayloadV1,
@@ -22,14 +25,18 @@ from x402.schemas import (
     SettleResponse,
 )
 
+from skills import wire_json
+
 PAYMENT_HEADERS = ("PAYMENT-SIGNATURE", "X-PAYMENT")
 RECEIPT_HEADERS = ("PAYMENT-RESPONSE", "X-PAYMENT-RESPONSE")
 REQUIRED_HEADER = "PAYMENT-REQUIRED"
-MAX_PAYMENT_HEADER_BYTES = 16 * 1024
+SIWX_HEADER = "SIGN-IN-WITH-X"
+MAX_JSON_HEADER_BYTES = 16 * 1024  # a payment or a SIWX proof is 1-3 KB
 
 
 class PaymentHeaderError(ValueError):
-    """The payment header cannot be decoded. `header` names which one."""
+    """An x402 header (a payment, a SIWX proof) cannot be decoded. `header` names which one;
+    `message` says what is wrong, never quoting the value."""
 
     def __init__(self, message: str, header: str) -> None:
         super().__init__(message)
@@ -51,10 +58,9 @@ def encode_json_b64(obj: Any) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def decode_payment_header(
-    value: str, header: str = "PAYMENT-SIGNATURE", max_bytes: int = MAX_PAYMENT_HEADER_BYTES
-) -> PaymentPayload | PaymentPayloadV1:
-    """Decode a payment header into the SDK's v1 or v2 payload model."""
+def decode_json_header(value: str, header: str, max_bytes: int = MAX_JSON_HEADER_BYTES) -> Any:
+    """The JSON a header carries as base64 (any form): its size checked first, then decoded and
+    parsed within `skills.wire_json`'s limits. PaymentHeaderError naming `header` otherwise."""
     if len(value) > max_bytes:
         raise PaymentHeaderError(
             f"{header} is {len(value)} bytes; at most {max_bytes} bytes are accepted", header
@@ -66,12 +72,37 @@ def decode_payment_header(
             f"{header} is not valid base64 (standard or URL-safe, padded or not)", header
         ) from None
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        return wire_json.loads(raw)
+    except wire_json.JsonLimitError as exc:
+        raise PaymentHeaderError(f"{header}: {exc}", header) from None
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise PaymentHeaderError(f"{header} does not decode to JSON", header) from None
+
+
+def decode_payment_header(
+    value: str, header: str = "PAYMENT-SIGNATURE", max_bytes: int = MAX_JSON_HEADER_BYTES
+) -> PaymentPayload | PaymentPayloadV1:
+    """Decode a payment header into the SDK's v1 or v2 payload model."""
+    data = decode_json_header(value, header, max_bytes)
     if not isinstance(data, dict):
         raise PaymentHeaderError(f"{header} must decode to a JSON object", header)
     return decode_payment_object(data, header)
+
+
+def decode_siwx_header(value: str) -> SIWxPayload:
+    """A `SIGN-IN-WITH-X` header as the SDK's payload model (its signature not checked here)."""
+    data = decode_json_header(value, SIWX_HEADER)
+    try:
+        return SIWxPayload.model_validate(data)
+    except ValidationError as exc:
+        raise PaymentHeaderError(f"{SIWX_HEADER}: invalid SIWX payload {_first_problem(exc)}",
+                                 SIWX_HEADER) from None
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """Where a model refused a value and why, without the value (it may be a secret)."""
+    first = exc.errors(include_input=False)[0]
+    return f"at '{'.'.join(str(p) for p in first.get('loc', ()))}': {first.get('msg')}"
 
 
 def decode_payment_object(data: Any, where: str) -> PaymentPayload | PaymentPayloadV1:
@@ -87,16 +118,13 @@ def decode_payment_object(data: Any, where: str) -> PaymentPayload | PaymentPayl
     elif version == 2:
         model = PaymentPayload
     else:
-        raise PaymentHeaderError(
-            f"{header}: x402Version must be 1 or 2, got {version!r}", header
-        )
+        got = repr(version) if isinstance(version, int | None) else f"a {type(version).__name__}"
+        raise PaymentHeaderError(f"{header}: x402Version must be 1 or 2, got {got}", header)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
         raise PaymentHeaderError(
-            f"{header}: invalid x402 v{version} payload at '{where}': {first.get('msg')}", header
+            f"{header}: invalid x402 v{version} payload {_first_problem(exc)}", header
         ) from None
 
 

@@ -510,35 +510,63 @@ class Ledger:
                 r.c.payment_row == row_id, r.c.expires_at > _now())))).mappings().first()
         return StoredResult(row["status"], row["media_type"], bytes(row["body"])) if row else None
 
-    async def take_redelivery(self, row_id: str) -> bool:
-        """A settled row whose result never reached its payer and was not kept: the first retry
-        to ask gets to run the call again (free); False for everyone else."""
+    async def take_redelivery(self, row_id: str, *, lease_seconds: float) -> bool:
+        """A settled row whose result has not reached its payer and was not kept: the first retry
+        to ask runs the call again (free), under a lease on the row (no other retry runs it
+        meanwhile; a re-run whose replica died frees it when the lease runs out). False for
+        everyone else. The re-run ends with `record_handover` or `mark_undelivered`."""
+        now = _now()
         t = payments_table
         async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state == PaymentState.SETTLED,
-                                     t.c.delivered_at.is_(None)))
-                .values(delivered_at=_now(), updated_at=_now()))
+                                     t.c.delivered_at.is_(None),
+                                     or_(t.c.lease_until.is_(None), t.c.lease_until < now)))
+                .values(lease_until=now + timedelta(seconds=lease_seconds), updated_at=now))
             return result.rowcount == 1
 
-    async def undo_redelivery(self, row_id: str) -> None:
-        """The free re-run failed too: the next retry may try again."""
+    async def mark_delivered(self, row_id: str) -> None:
+        """The settled result reached its payer (the first time counts); a re-run's lease ends."""
+        t = payments_table
+        now = _now()
+        async with self._write() as conn:
+            await conn.execute(update(t).where(and_(
+                t.c.id == row_id, t.c.state == PaymentState.SETTLED, t.c.delivered_at.is_(None)))
+                .values(delivered_at=now, lease_until=None, updated_at=now))
+
+    async def mark_undelivered(self, row_id: str) -> None:
+        """The settled result did not reach its payer (it left first, or a free re-run failed):
+        the next retry of the payment gets the kept result, or runs the call again."""
         t = payments_table
         async with self._write() as conn:
-            await conn.execute(update(t).where(t.c.id == row_id)
-                               .values(delivered_at=None, updated_at=_now()))
+            await conn.execute(update(t).where(and_(
+                t.c.id == row_id, t.c.state == PaymentState.SETTLED))
+                .values(delivered_at=None, lease_until=None, updated_at=_now()))
 
-    async def record_usage(self, row_id: str, *, latency_ms: int,
-                           usage: dict[str, Any] | None = None,
-                           upstream_cost_usd: Decimal | None = None,
-                           delivered: bool = False) -> None:
+    async def record_handover(self, row_id: str, *, delivered: bool,
+                              latency_ms: int | None = None, usage: dict[str, Any] | None = None,
+                              upstream_cost_usd: Decimal | None = None,
+                              result: StoredResult | None = None,
+                              keep_result_seconds: float = 0) -> None:
+        """How a settled stream went out, in one write: its usage (when `latency_ms` is given; a
+        free re-run leaves the paid run's), `delivered` (its last byte reached the caller), the
+        result kept for a retry (a stream read to its end by nobody); a re-run's lease ends."""
         t = payments_table
-        values: dict[str, Any] = {"latency_ms": latency_ms, "usage": usage,
-                                  "upstream_cost_usd": upstream_cost_usd, "updated_at": _now()}
+        now = _now()
+        values: dict[str, Any] = {"lease_until": None, "updated_at": now}
+        if latency_ms is not None:
+            values |= {"latency_ms": latency_ms, "usage": usage,
+                       "upstream_cost_usd": upstream_cost_usd}
         if delivered:
-            values["delivered_at"] = _now()
+            values["delivered_at"] = now
         async with self._write() as conn:
             await conn.execute(update(t).where(t.c.id == row_id).values(**values))
+            if result is not None:  # (an expired one may still be there: replaced)
+                await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
+                await conn.execute(_INSERT_RESULT, {
+                    "payment_row": row_id, "status": result.status,
+                    "media_type": result.media_type, "body": result.body, "created_at": now,
+                    "expires_at": now + timedelta(seconds=keep_result_seconds)})
 
     async def prune_results(self) -> int:
         """Drop kept results past their retention; returns how many."""

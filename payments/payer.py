@@ -1,13 +1,18 @@
 """An honest x402 client: ask, read the 402, choose a network, check the price, pay, retry.
 
 Works against any x402 server (v2 `PAYMENT-REQUIRED` header or v1 JSON body). It never pays more
-than the caller's limit without an explicit yes. It never logs or prints the signed payment.
+than the caller's limit without an explicit yes. It never logs or prints the signed payment. It
+is as careful as the gateway with a server it does not trust (payments/client_limits.py): the
+authorization it signs is valid at most `max_validity_seconds`, whatever the quote asks; every
+answer is read as a stream, up to a size; one phase (the quote, then the payment) lasts at most
+`timeout` seconds.
 
 It never pays twice for one call: when the server offers the `payment-identifier` extension the
 payment names the call with a fresh id, and when the answer says the payment is still being
 settled (503 `settlement_pending`, 409 `payment_in_progress`, or the connection dropped after the
 payment was sent) it sends the identical request with the same payment again, after the server's
-`Retry-After`, until `timeout` runs out; it never signs a second payment for the call.
+`Retry-After` (within bounds), a bounded number of times; it never signs a second payment for the
+call.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+from solana.exceptions import SolanaExceptionBase
 from x402 import x402Client
 from x402.extensions.payment_identifier import append_payment_identifier_to_extensions
 from x402.mechanisms.evm.exact import register_exact_evm_client
@@ -29,6 +35,7 @@ from x402.mechanisms.svm.constants import V1_NETWORKS as SVM_V1_NETWORKS
 from x402.mechanisms.svm.exact import ExactSvmClientScheme
 from x402.mechanisms.svm.exact.v1.client import ExactSvmSchemeV1
 from x402.mechanisms.svm.signers import KeypairSigner
+from x402.mechanisms.svm.utils import get_network_config
 from x402.schemas import (
     PaymentPayload,
     PaymentPayloadV1,
@@ -37,6 +44,14 @@ from x402.schemas import (
     SettleResponse,
 )
 
+from .client_limits import (
+    DEFAULT_LIMITS,
+    NO_COMPRESSION,
+    AnswerTooLarge,
+    ClientLimits,
+    read_bounded,
+    retry_delay,
+)
 from .codec import REQUIRED_HEADER, decode_base64_any, encode_json_b64
 from .money import atomic_to_usd, display_usd
 from .networks import KNOWN_NETWORKS, lookup_network
@@ -47,6 +62,14 @@ _MOST_DIGITS = 30  # an amount longer than this is no price (USDC's whole supply
 
 class PayError(Exception):
     """The payment could not be made; the message says why and what to do."""
+
+    exit_code = 2  # `paywire pay`: it refused to pay
+
+
+class NoAnswer(PayError):
+    """The server could not be reached, or did not answer in time or within the limits."""
+
+    exit_code = 1
 
 
 @dataclass
@@ -83,20 +106,32 @@ class PayResult:
     headers: dict[str, str]
 
 
-def parse_402(response: httpx.Response) -> PaymentRequired | PaymentRequiredV1:
+@dataclass(frozen=True)
+class Answer:
+    """A server's answer, its body read within the client's limits."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def parse_402(answer: Answer) -> PaymentRequired | PaymentRequiredV1:
     """The quote of a 402: the v2 header when present, else the v1 JSON body."""
-    header = response.headers.get(REQUIRED_HEADER)
-    if header:
-        data = json.loads(decode_base64_any(header))
-        return PaymentRequired.model_validate(data)
+    header = answer.headers.get(REQUIRED_HEADER)
     try:
-        data = response.json()
-    except ValueError:
-        raise PayError("the server answered 402 without a quote (no PAYMENT-REQUIRED header, "
-                       "no JSON body)") from None
-    if data.get("x402Version") == 2:
-        return PaymentRequired.model_validate(data)
-    return PaymentRequiredV1.model_validate(data)
+        if header:
+            return PaymentRequired.model_validate(json.loads(decode_base64_any(header)))
+        data = answer.json()
+        if isinstance(data, dict) and data.get("x402Version") == 2:
+            return PaymentRequired.model_validate(data)
+        return PaymentRequiredV1.model_validate(data)
+    except ValueError as exc:  # not JSON, not base64, or not a quote (pydantic's errors are ValueErrors)
+        where = "PAYMENT-REQUIRED header" if header else "JSON body"
+        raise PayError(f"the server answered 402 without an x402 quote (its {where} is not one: "
+                       f"{' '.join(str(exc).split())[:200]})") from None
 
 
 def _family(network: str) -> str | None:
@@ -121,8 +156,8 @@ def usd_value(amount: str, asset: str, network: str) -> Decimal | None:
     return None
 
 
-def receipt_from(response: httpx.Response) -> SettleResponse | None:
-    value = response.headers.get("PAYMENT-RESPONSE") or response.headers.get("X-PAYMENT-RESPONSE")
+def receipt_from(headers: httpx.Headers) -> SettleResponse | None:
+    value = headers.get("PAYMENT-RESPONSE") or headers.get("X-PAYMENT-RESPONSE")
     if not value:
         return None
     try:
@@ -143,39 +178,75 @@ async def pay(
     confirm: Callable[[str], bool] | None = None,
     solana_rpc_url: str | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
-    timeout: float = 120.0,
+    timeout: float = 120.0,  # seconds, each phase: the quote; then the payment and its resends
+    limits: ClientLimits = DEFAULT_LIMITS,
+    notice: Callable[[str], None] | None = None,  # told what the client chose for the user
 ) -> PayResult:
     """Request `url`, pay its x402 quote if it asks for one, and return the paid answer."""
-    base_headers = {"Content-Type": "application/json", **(headers or {})}
+    base_headers = {"Content-Type": "application/json", **(headers or {}), **NO_COMPRESSION}
     async with httpx.AsyncClient(timeout=timeout, transport=transport) as http:
-        first = await http.request(method, url, content=data, headers=base_headers)
-        if first.status_code != 402:
+        try:
+            async with asyncio.timeout(timeout):
+                first = await _fetch(http, method, url, data, base_headers, limits)
+        except (httpx.HTTPError, AnswerTooLarge, TimeoutError) as exc:
+            raise NoAnswer(f"{url}: {_failure(exc, timeout)}; nothing was paid") from None
+        if first.status != 402:
             return _result(first, None, None)
         required = parse_402(first)
         chosen = choose_option(required, keys, network)
-        price = usd_value(chosen.get_amount(), chosen.asset, str(chosen.network))
-        if price is None:
-            raise PayError(f"the quote asks for {chosen.get_amount()} atomic units of asset "
-                           f"{chosen.asset} on {chosen.network}, which this client cannot value "
-                           "in USD; refusing to pay")
-        if price > max_usd:
-            question = (f"{url} asks {display_usd(price)} on {chosen.network}, above your "
-                        f"limit {display_usd(max_usd)}. Pay it?")
-            if confirm is None or not confirm(question):
-                raise PayError(f"the price {display_usd(price)} is above --max "
-                               f"{display_usd(max_usd)}; not paid (raise --max to pay it)")
-        payload = await sign_payment(required, chosen, keys, solana_rpc_url)
+        price = _price_agreed(url, chosen, max_usd, confirm)
+        note = validity_note(chosen, limits.max_validity_seconds)
+        if note and notice is not None:
+            notice(note)
+        payload = await sign_payment(required, chosen, keys, solana_rpc_url, limits.max_validity_seconds)
         header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
         encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
-        second = await _until_settled(http, method, url, data,
-                                      {**base_headers, header: encoded}, timeout)
+        second = await _until_settled(http, method, url, data, {**base_headers, header: encoded},
+                                      timeout, limits, notice)
         return _result(second, price, str(chosen.network))
 
 
+def _price_agreed(url: str, chosen: Any, max_usd: Decimal,
+                  confirm: Callable[[str], bool] | None) -> Decimal:
+    """The option's price in USD, once within `max_usd` or confirmed; else PayError."""
+    price = usd_value(chosen.get_amount(), chosen.asset, str(chosen.network))
+    if price is None:
+        raise PayError(f"the quote asks for {chosen.get_amount()[:40]} atomic units of asset "
+                       f"{str(chosen.asset)[:80]} on {str(chosen.network)[:80]}, which this client "
+                       "cannot value in USD; refusing to pay")
+    if price > max_usd:
+        question = (f"{url} asks {display_usd(price)} on {chosen.network}, above your "
+                    f"limit {display_usd(max_usd)}. Pay it?")
+        if confirm is None or not confirm(question):
+            raise PayError(f"the price {display_usd(price)} is above --max "
+                           f"{display_usd(max_usd)}; not paid (raise --max to pay it)")
+    return price
+
+
+def signed_validity(chosen: Any, max_validity: int) -> int:
+    """How long the authorization for `chosen` is signed valid: what the quote asks, at most
+    `max_validity` seconds (a quote that says nothing gets the most)."""
+    asked = getattr(chosen, "max_timeout_seconds", None) or max_validity
+    return max(1, min(int(asked), max_validity))
+
+
+def validity_note(chosen: Any, max_validity: int) -> str | None:
+    """What to tell the user when the quote asked for a longer validity than is signed."""
+    asked = getattr(chosen, "max_timeout_seconds", None)
+    if not asked or asked <= max_validity:
+        return None
+    return (f"the server asks for a payment valid {asked} s; signing one valid {max_validity} s "
+            "(--max-validity allows longer); a server that needs longer may refuse it, and then "
+            "nothing moves")
+
+
 async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: Any, keys: PayerKeys,
-                       solana_rpc_url: str | None = None) -> PaymentPayload | PaymentPayloadV1:
-    """Sign a payment for the `chosen` option of a quote (the caller checked its price). When the
-    quote offers the `payment-identifier` extension, the payment names the call with a fresh id."""
+                       solana_rpc_url: str | None = None,
+                       max_validity: int = DEFAULT_LIMITS.max_validity_seconds,
+                       ) -> PaymentPayload | PaymentPayloadV1:
+    """Sign a payment for the `chosen` option of a quote (the caller checked its price), valid at
+    most `max_validity` seconds (`signed_validity`). When the quote offers the
+    `payment-identifier` extension, the payment names the call with a fresh id."""
     client = x402Client()
     client.set_spend_controls(False)  # the caller's own limits are the ones the user set
     if keys.evm_key:
@@ -183,16 +254,31 @@ async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: An
 
         register_exact_evm_client(client, EthAccountSigner(Account.from_key(keys.evm_key)))
     solana = _register_solana(client, keys.solana_key, solana_rpc_url) if keys.solana_key else []
-    only_chosen = required.model_copy(update={"accepts": [chosen]})
+    # The SDK signs for the option it is given: one whose validity is ours to bound.
+    bounded = chosen.model_copy(update={"max_timeout_seconds": signed_validity(chosen, max_validity)})
+    only_chosen = required.model_copy(update={"accepts": [bounded]})
     extensions = None
     if isinstance(required, PaymentRequired) and required.extensions:
         extensions = append_payment_identifier_to_extensions(dict(required.extensions))
     try:
         if extensions is not None:
-            return await client.create_payment_payload(only_chosen, extensions=extensions)
-        return await client.create_payment_payload(only_chosen)
+            payload = await client.create_payment_payload(only_chosen, extensions=extensions)
+        else:
+            payload = await client.create_payment_payload(only_chosen)
+    except SolanaExceptionBase as exc:
+        rpc = solana_rpc_url or get_network_config(str(chosen.network))["rpc_url"]
+        cause = exc.__cause__ or exc  # solana-py wraps the connection's error
+        raise PayError(f"the Solana node {rpc} could not be asked what a payment on {chosen.network} "
+                       f"needs ({type(cause).__name__}: {str(cause)[:200]}); set PAYWIRE_SOLANA_RPC_URL "
+                       "(or --solana-rpc) to a node of that network") from None
+    except (ValueError, KeyError, TypeError) as exc:  # the SDK's refusal of the option as quoted
+        raise PayError(f"the option on {str(chosen.network)[:80]} cannot be signed: "
+                       f"{' '.join(str(exc).split())[:200]}") from None
     finally:
         _close_rpc_clients(solana)
+    if isinstance(payload, PaymentPayload):  # `accepted` is matched against the offer as made
+        payload = payload.model_copy(update={"accepted": chosen})
+    return payload
 
 
 def _register_solana(client: x402Client, secret: str, rpc_url: str | None) -> list[Any]:
@@ -220,44 +306,69 @@ def _close_rpc_clients(schemes: list[Any]) -> None:
 
 # Answers that mean "this payment's call is not finished yet: send the same payment again".
 _NOT_YET = {(503, "settlement_pending"), (409, "payment_in_progress")}
-_MAX_WAIT_SECONDS = 30.0
+
+
+async def _fetch(http: httpx.AsyncClient, method: str, url: str, data: bytes | None,
+                 headers: dict[str, str], limits: ClientLimits) -> Answer:
+    """One request; its answer read as a stream within the limits (a 402's, or any other's)."""
+    async with http.stream(method, url, content=data, headers=headers) as response:
+        limit = limits.quote_bytes if response.status_code == 402 else limits.answer_bytes
+        return Answer(response.status_code, response.headers, await read_bounded(response, limit))
 
 
 async def _until_settled(http: httpx.AsyncClient, method: str, url: str, data: bytes | None,
-                         headers: dict[str, str], timeout: float) -> httpx.Response:
+                         headers: dict[str, str], timeout: float, limits: ClientLimits,
+                         notice: Callable[[str], None] | None) -> Answer:
     """Send the paid request; while the server says the payment is still settling (or the
-    connection broke after the payment left), send the identical request again."""
+    connection broke after the payment left), send the identical request again: at most
+    `limits.sends` times in all, `retry_delay` apart, within `timeout`."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+    started = loop.time()
+    deadline = started + timeout
+    for send in range(1, limits.sends + 1):
         try:
-            response = await http.request(method, url, content=data, headers=headers)
-        except httpx.TransportError:
-            if loop.time() >= deadline:
-                raise
-            await asyncio.sleep(1.0)  # a client's backoff, before the same payment goes again
-            continue
-        if (response.status_code, _error_code(response)) not in _NOT_YET:
-            return response
-        wait = min(_retry_after(response), _MAX_WAIT_SECONDS)
-        if loop.time() + wait >= deadline:
-            return response
-        await asyncio.sleep(wait)
+            async with asyncio.timeout_at(deadline):
+                answer = await _fetch(http, method, url, data, headers, limits)
+        except httpx.TransportError as exc:
+            failure, answer, retry_after = exc, None, None
+        except (httpx.HTTPError, AnswerTooLarge, TimeoutError) as exc:
+            raise NoAnswer(_unsettled(url, _failure(exc, timeout), send, loop.time() - started)) from None
+        else:
+            if (answer.status, _error_code(answer)) not in _NOT_YET:
+                return answer
+            retry_after = answer.headers.get("Retry-After")
+        wait = retry_delay(retry_after, send, limits)
+        if send == limits.sends or loop.time() + wait >= deadline:
+            break
+        await asyncio.sleep(wait)  # the client's pause before the same payment goes again
+    if answer is None:
+        raise NoAnswer(_unsettled(url, _failure(failure, timeout), send, loop.time() - started))
+    if notice is not None:
+        notice(f"sent the same payment {send} times over {loop.time() - started:.0f} s; the server "
+               "still says it is settling: it may yet settle, check before paying again")
+    return answer
 
 
-def _error_code(response: httpx.Response) -> str | None:
+def _unsettled(url: str, failure: str, sends: int, seconds: float) -> str:
+    return (f"{url}: {failure} (the payment sent {sends} time(s) over {seconds:.0f} s); it may "
+            "have settled: check before paying again")
+
+
+def _failure(exc: BaseException, timeout: float) -> str:
+    """What went wrong with a request, in a few words."""
+    if isinstance(exc, TimeoutError):
+        return f"no complete answer within {timeout:g} s"
+    if isinstance(exc, AnswerTooLarge):
+        return str(exc)
+    return f"{type(exc).__name__}: {str(exc)[:200] or 'no answer'}"
+
+
+def _error_code(answer: Answer) -> str | None:
     try:
-        error = response.json().get("error")
-    except ValueError:
+        error = answer.json().get("error")
+    except (ValueError, AttributeError):
         return None
     return error.get("code") if isinstance(error, dict) else None
-
-
-def _retry_after(response: httpx.Response) -> float:
-    try:
-        return max(0.5, float(response.headers.get("Retry-After", "1")))
-    except ValueError:
-        return 1.0
 
 
 def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,
@@ -287,13 +398,13 @@ def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys
     return usable[0][1]
 
 
-def _result(response: httpx.Response, price: Decimal | None, network: str | None) -> PayResult:
+def _result(answer: Answer, price: Decimal | None, network: str | None) -> PayResult:
     return PayResult(
-        status=response.status_code,
-        body=response.content,
-        content_type=response.headers.get("content-type", ""),
-        receipt=receipt_from(response),
+        status=answer.status,
+        body=answer.body,
+        content_type=answer.headers.get("content-type", ""),
+        receipt=receipt_from(answer.headers),
         paid_usd=price,
         network=network,
-        headers=dict(response.headers),
+        headers=dict(answer.headers),
     )

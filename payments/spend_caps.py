@@ -11,13 +11,16 @@ signed, settled or unknown payment counts (one lost in transit may have been set
 one counts until its authorization expires (a server could still settle a signature it said it
 refused, until then). A day is a UTC day. Amounts are integers (USD micro-units: USDC atomic
 units); caps are Decimal USD with at most 6 decimal places. No float anywhere.
+
+What "now" is comes from `clock` (the system's UTC time), read through `utc_now()` by the ledger
+and the proxy alike: a test pins it, so that no test races midnight.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -60,6 +63,18 @@ CREATE INDEX IF NOT EXISTS ix_payments_day ON payments (day, status);
 CREATE INDEX IF NOT EXISTS ix_payments_created ON payments (created_at);
 """
 _SCHEMA_VERSION = 1
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+clock: Callable[[], datetime] = system_clock  # tests set it (tests/support/pinned_clock.py)
+
+
+def utc_now() -> datetime:
+    """Now, by `clock`: the moment a payment is reserved, signed and counted."""
+    return clock()
 
 
 class CapError(ValueError):
@@ -174,7 +189,7 @@ class SpendLedger:
         """Hold `amount_micros` of today's cap for a payment about to be signed; returns the row
         id. OverCap when today's counted total plus this amount would exceed `cap_micros`: then
         nothing is written. Serialized across connections (BEGIN IMMEDIATE)."""
-        moment = now or datetime.now(UTC)
+        moment = now or utc_now()
         day, stamp = moment.astimezone(UTC).strftime("%Y-%m-%d"), _stamp(moment)
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -218,11 +233,11 @@ class SpendLedger:
         columns = "".join(f", {name} = ?" for name in given)  # names are ours, never input
         with self._connect() as db:
             db.execute(f"UPDATE payments SET status = ?, updated_at = ?{columns} WHERE id = ?",
-                       (status, _stamp(datetime.now(UTC)), *given.values(), row_id))
+                       (status, _stamp(utc_now()), *given.values(), row_id))
 
     def spent_today(self, now: datetime | None = None) -> tuple[str, int]:
         """(UTC day, micro-dollars counted against its cap)."""
-        moment = now or datetime.now(UTC)
+        moment = now or utc_now()
         day = moment.astimezone(UTC).strftime("%Y-%m-%d")
         with self._connect() as db:
             return day, self._counted(db, day, _stamp(moment))

@@ -215,12 +215,19 @@ def test_examples_are_messages_the_executor_understands(gateway: Any, card: Agen
                 assert call.input == skill.examples[0]
 
 
-def test_one_skill_per_registry_skill_with_price_tags_and_exact_example(
+def test_one_skill_per_skill_for_sale_with_price_tags_and_exact_example(
         gateway: Any, card: AgentCard) -> None:
+    """Every skill a call can buy here, in registry order; one that would answer 503 (here: the
+    Nansen resources without NANSEN_API_KEY, the resources whose model is not sold) is left out."""
     by_id = {s.id: s for s in card.skills}
-    registry_ids = [s.id for s in gateway.registry.all()]
-    assert [s.id for s in card.skills] == ["help", *(i for i in registry_ids if i != "help")]
-    for skill in gateway.registry.all():
+    catalogue = Catalogue(gateway.registry)
+    for_sale = [s.id for s in catalogue.for_sale() if s.id != "help"]
+    assert [s.id for s in card.skills] == ["help", *for_sale]
+    left_out = {s.id for s in gateway.registry.all()} - set(by_id)
+    assert {"v1beta1-token-screener-historical", "error-explain"} <= left_out
+    assert not any(catalogue.available(i) for i in left_out)
+    assert {"token-count-508", "webhook-test-payload", "gpt-test"} <= set(by_id)
+    for skill in catalogue.for_sale():
         if skill.id == "help":
             continue
         entry = by_id[skill.id]
@@ -239,7 +246,7 @@ def test_one_skill_per_registry_skill_with_price_tags_and_exact_example(
 
 def test_prices_in_descriptions_are_exact(card: AgentCard) -> None:
     by_id = {s.id: s for s in card.skills}
-    assert by_id["error-explain"].description.endswith(
+    assert by_id["webhook-test-payload"].description.endswith(
         "Price: $0.062101 per call (USDC via x402).")
     assert by_id["token-count-508"].description.endswith(
         "Price: $0.00575 per call (USDC via x402).")
@@ -261,12 +268,12 @@ def test_help_entry_present_even_without_a_registry_help_skill() -> None:
     registry = SkillRegistry()
     load_resource_dirs(registry, [BUILTIN_DIR])
     card = build_agent_card(Catalogue(registry), [], base_url=BASE, version="1")
-    assert card.skills[0].id == "help" and len(card.skills) == len(registry) + 1
+    assert card.skills[0].id == "help" and len(card.skills) == len(Catalogue(registry).for_sale()) + 1
     assert "the networks each quote lists" in card.description
 
 
 def test_truncation_says_how_many_were_left_out_and_where(gateway: Any) -> None:
-    sellable = len(gateway.registry) - 1  # all but help
+    sellable = len(Catalogue(gateway.registry).for_sale()) - 1  # all a call can buy but help
     card = build_agent_card(*_inputs(gateway), base_url=BASE, version="1", max_skills=3)
     assert [s.id for s in card.skills][0] == "help" and len(card.skills) == 4
     assert f"lists 3 of the {sellable} skills; {sellable - 3} more are not listed" in card.description
@@ -328,9 +335,9 @@ def test_legacy_card_parses_with_the_sdk_0_3_model(card: AgentCard) -> None:
     assert data["capabilities"]["extensions"][0]["uri"] == X402_EXTENSION
     assert data["defaultInputModes"] == ["application/json", "text/plain"]
     assert [s["id"] for s in data["skills"]] == [s.id for s in card.skills]
-    explain = next(s for s in data["skills"] if s["id"] == "error-explain")
+    explain = next(s for s in data["skills"] if s["id"] == "webhook-test-payload")
     assert explain["description"].endswith("Price: $0.062101 per call (USDC via x402).")
-    assert json.loads(explain["examples"][0])["skill"] == "error-explain"
+    assert json.loads(explain["examples"][0])["skill"] == "webhook-test-payload"
     assert explain["inputModes"] == ["application/json"]
 
 

@@ -6,9 +6,15 @@ The browser part drives Debian's /usr/bin/chromium with Playwright (no browser d
 first page of skills with the prices `PriceTerms` gives, a search answered by the server (the
 request carries q=), paging, a category, a skill's snippets (its curl snippet run for real
 answers 402; its `paywire pay` and Python snippets, run for real, pay and deliver the exact
-example), the markup shown as text, the models with their availability, the links. The
-screenshot is kept in test-artifacts/catalogue-page.png (or $PAYWIRE_TEST_ARTIFACTS). First
-render and search times go to test-artifacts/catalogue-page.txt (reported, not asserted)."""
+example), the markup shown as text, the models with their availability, the links; the page fits
+a 1280 px window. The screenshot is kept in test-artifacts/catalogue-page.png (or
+$PAYWIRE_TEST_ARTIFACTS). First render and search times go to test-artifacts/catalogue-page.txt
+(reported, not asserted).
+
+A production gateway (Base and Solana, a remote facilitator) shows neither test money nor the
+devnet's Solana node: its page names the real networks, its snippets pay from the payer's own key
+and Solana node (the Python one, run for real against the devnet with a Solana key, pays); the
+MCP configurations (remote HTTP, and `paywire mcp` over stdio) are run as an MCP client would."""
 
 from __future__ import annotations
 
@@ -25,11 +31,15 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from solders.keypair import Keypair
 
 from tests.support.live_server import LiveServer, start_server
 from tests.support.reports import report
 from wellknown.catalogue_page import wants_html
-from wellknown.snippets import FORM_FILE_FIELDS, Entry, model_example, snippets
+from wellknown.snippets import FORM_FILE_FIELDS, Entry, Site, model_example, snippets
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -44,6 +54,8 @@ NASTY_DESCRIPTION = ("Says \"hi\" & it's <img src=x onerror=\"document.body.data
 NASTY_EXAMPLE = {"text": "it's a \"test\" $(touch /tmp/paywire-pwned) `id` <b>bold</b> \\n ünïcode",
                  "model": "gpt-4o"}
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+SOLANA_MAINNET = "solana:5eykt4UsFv8P8NJdTREpY1vzqKqZKvdp"
+SOLANA_DEVNET = "solana:EtWTRABZaYq6iMfeYKouRu166VU2xqa1"
 
 
 def artifacts() -> Path:
@@ -86,6 +98,18 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     })
     report("catalogue-page", f"server start with {GENERATED + 1} extra resources: "
                              f"{time.perf_counter() - started:.2f} s")
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A production gateway paid on Base and Solana through a remote facilitator (never reached:
+    the catalogue needs none)."""
+    live = start_server(tmp_path_factory.mktemp("production-page"), env={
+        "PAYWIRE_NETWORKS": "base,solana", "PAYWIRE_EVM_PAY_TO": "0x" + "12" * 20,
+        "PAYWIRE_SOLANA_PAY_TO": str(Keypair().pubkey()), "PAYWIRE_FACILITATOR_URL": "http://127.0.0.1:9",
+    })
     yield live
     live.stop()
 
@@ -146,9 +170,14 @@ def test_snippets_keep_hostile_examples_intact() -> None:
     body = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                 and getattr(n.targets[0], "id", "") == "BODY")
     assert ast.literal_eval(body) == NASTY_EXAMPLE
-    assert json.loads(made["mcp"]) == {"mcpServers": {"paywire": {"url": "http://127.0.0.1:8000/mcp"}}}
-    assert json.loads(made["mcp_stdio"])["mcpServers"]["paywire"]["args"] == [
-        "mcp", "--server", "http://127.0.0.1:8000/mcp"]
+    assert json.loads(made["mcp"]) == {"mcpServers": {"paywire": {
+        "type": "http", "url": "http://127.0.0.1:8000/mcp"}}}
+    stdio = json.loads(made["mcp_stdio"])["mcpServers"]["paywire"]
+    assert stdio["args"] == ["mcp", "--server", "http://127.0.0.1:8000/mcp"]
+    assert stdio["env"]["PAYWIRE_PAYER_KEY_FILE"] and "PAYWIRE_SOLANA_RPC_URL" not in stdio["env"]
+    devnet = Entry("http://127.0.0.1:8000", "/v1/x", {}, "resource", site=Site(devnet_dir="/srv/pw"))
+    assert json.loads(snippets(devnet)["mcp_stdio"])["mcpServers"]["paywire"]["env"] == {
+        "PAYWIRE_DATA_DIR": "/srv/pw"}
 
     model = Entry("http://h", "/v1/chat/completions", {**NASTY_EXAMPLE, "messages": [
         {"role": "user", "content": "'; rm -rf / #"}]}, "model", operation="chat.completions")
@@ -270,6 +299,15 @@ def test_a_visitor_finds_a_skill_and_pays_for_it(big: LiveServer, tmp_path: Path
             assert nasty.locator(".tool code").text_content() == NASTY_ID
             assert page.evaluate("document.body.dataset.pwned") is None
 
+            # a resource this gateway cannot sell (no NANSEN_API_KEY): listed, unavailable, why
+            page.fill("#q", "smart-money")
+            page.press("#q", "Enter")
+            _rendered(page, "q=smart-money&page=1&page_size=20")
+            nansen = page.locator("li.skill").first
+            assert nansen.get_attribute("data-available") == "false"
+            assert nansen.locator(".badge.off").text_content() == "unavailable"
+            assert "set NANSEN_API_KEY to enable it" in (nansen.locator(".reason").text_content() or "")
+
             # the models: availability and price terms
             page.wait_for_selector("body[data-models-loaded=true]")
             models = big.runtime.gateway.catalogue.of_kind("model")
@@ -278,6 +316,8 @@ def test_a_visitor_finds_a_skill_and_pays_for_it(big: LiveServer, tmp_path: Path
             gpt = page.locator('#model-table tr.model[data-id="gpt-4o"]')
             assert gpt.get_attribute("data-available") == "false"
             assert "needs OPENAI_API_KEY or OPENROUTER_API_KEY" in gpt.inner_text()
+            assert "set OPENAI_API_KEY or OPENROUTER_API_KEY to enable it" in (
+                gpt.locator(".badge.off").get_attribute("title") or "")
             terms = _terms(big, "gpt-4o", "chat.completions")
             assert gpt.locator(".price").get_attribute("data-min-usd") == terms["min"]["usd"]
             assert gpt.locator(".price").get_attribute("data-max-usd") == terms["max"]["usd"]
@@ -296,13 +336,23 @@ def test_a_visitor_finds_a_skill_and_pays_for_it(big: LiveServer, tmp_path: Path
             assert {"/.well-known/agent-card.json", "/openapi.json", "/discovery/resources",
                     "/.well-known/x402"} <= set(hrefs)
             assert json.loads(page.text_content('pre[data-snippet="connect-mcp"]')  # type: ignore[arg-type]
-                              ) == {"mcpServers": {"paywire": {"url": f"{big.url}/mcp"}}}
+                              ) == {"mcpServers": {"paywire": {"type": "http", "url": f"{big.url}/mcp"}}}
+            stdio = json.loads(page.text_content('pre[data-snippet="connect-mcp-stdio"]')  # type: ignore[arg-type]
+                               )["mcpServers"]["paywire"]
+            assert stdio["env"] == {"PAYWIRE_DATA_DIR": str(big.data_dir.resolve())}
+            assert page.text_content("#payments-note") == (
+                "Devnet payments use test USDC with no value (Base Sepolia and Solana devnet: chains "
+                "this gateway runs).")
 
             page.fill("#q", "token")  # the picture: a search, one skill open
             page.press("#q", "Enter")
             _rendered(page, "q=token&page=1&page_size=20")
             page.locator("li.skill button.details").first.click()
             page.locator("li.skill pre[data-snippet=mcp_stdio]").first.wait_for()
+            # nothing overflows sideways at 1280 px, the models table included
+            widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+            assert widths[0] <= widths[1] == 1280, f"the page is {widths[0]} px wide"
+            page.locator("#models").screenshot(path=str(artifacts() / "catalogue-page-models.png"))
             page.evaluate("window.scrollTo(0, 0)")
             shot = artifacts() / "catalogue-page.png"
             page.set_viewport_size({"width": 1280, "height": 1700})
@@ -319,7 +369,8 @@ def test_a_visitor_finds_a_skill_and_pays_for_it(big: LiveServer, tmp_path: Path
     # and the resource receives exactly the example
     assert snippet["curl"].startswith("curl -i -X POST ")
     assert _shell(snippet["curl"]).startswith("HTTP/1.1 402")  # type: ignore[arg-type]
-    assert json.loads(snippet["mcp"]) == {"mcpServers": {"paywire": {"url": f"{big.url}/mcp"}}}  # type: ignore[arg-type]
+    assert json.loads(snippet["mcp"]) == {"mcpServers": {"paywire": {  # type: ignore[arg-type]
+        "type": "http", "url": f"{big.url}/mcp"}}}
     keys = json.loads((big.data_dir / "devnet-keys.json").read_text())
     paid = _shell(f"{snippet['pay']} --json", env={"PAYWIRE_DATA_DIR": str(big.data_dir)})
     result = json.loads(paid[paid.index("{"):])
@@ -332,3 +383,98 @@ def test_a_visitor_finds_a_skill_and_pays_for_it(big: LiveServer, tmp_path: Path
     assert not Path("/tmp/paywire-pwned").exists()
     settled = [r for r in big.ledger_rows() if r["skill_id"] == NASTY_ID and r["state"] == "settled"]
     assert len(settled) == 2 and {r["amount_atomic"] for r in settled} == {3000}
+
+
+# -- production, and the MCP configurations as a client runs them ----------------------------------
+
+def _detail(live: LiveServer, skill_id: str) -> dict[str, Any]:
+    detail = httpx.get(f"{live.url}/catalogue/skills/{skill_id}")
+    assert detail.status_code == 200, detail.text
+    return detail.json()  # type: ignore[no-any-return]
+
+
+def test_production_snippets_pay_from_the_payers_own_key_and_solana_node(
+        production: LiveServer, big: LiveServer, tmp_path: Path) -> None:
+    """No demo payer and no /devnet/solana on a production gateway (it has neither): the Python
+    program takes PAYWIRE_PAYER_KEY and builds Solana payments on PAYWIRE_SOLANA_RPC_URL, the
+    payer's own node. Run for real with a Solana key and the devnet's node as "the payer's own"
+    (PAYWIRE_URL pointing at the devnet gateway), it pays on Solana."""
+    about = httpx.get(f"{production.url}/").json()
+    assert about["payments"] == {"devnet": False, "note": "Payments are in USDC on Base and Solana.",
+                                 "networks": ["eip155:8453", SOLANA_MAINNET]}
+    made = _detail(production, "token-count-508")["snippets"]
+    python = made["python"]
+    assert "/devnet" not in python and "devnet-keys" not in python
+    assert 'KEY = os.environ["PAYWIRE_PAYER_KEY"]' in python
+    assert 'SOLANA_RPC = os.environ.get("PAYWIRE_SOLANA_RPC_URL") or None' in python
+    stdio = json.loads(made["mcp_stdio"])["mcpServers"]["paywire"]
+    assert stdio["args"] == ["mcp", "--server", f"{production.url}/mcp"]
+    assert stdio["env"] == {"PAYWIRE_PAYER_KEY_FILE": "/path/to/your/payer-key",
+                            "PAYWIRE_SOLANA_RPC_URL": "https://api.mainnet-beta.solana.com",
+                            "PAYWIRE_MCP_MAX_PER_CALL": "0.10", "PAYWIRE_MCP_MAX_PER_DAY": "1.00"}
+    assert json.loads(about["mcp_config"]["stdio"])["mcpServers"]["paywire"] == stdio
+    assert json.loads(made["mcp"])["mcpServers"]["paywire"] == {
+        "type": "http", "url": f"{production.url}/mcp"}
+
+    program = tmp_path / "pay.py"
+    program.write_text(python)
+    keys = json.loads((big.data_dir / "devnet-keys.json").read_text())
+    ran = _shell(f"python {program}", cwd=tmp_path, env={
+        "PAYWIRE_URL": big.url, "PAYWIRE_PAYER_KEY": keys["sol_payer"],
+        "PAYWIRE_SOLANA_RPC_URL": f"{big.url}/devnet/solana"})
+    assert ran.startswith("200 ") and f"paid on {SOLANA_DEVNET}: transaction " in ran, ran
+
+
+async def test_the_mcp_configurations_connect_as_written(big: LiveServer) -> None:
+    """The remote form (`"type": "http"`) is reached at its URL; the `paywire mcp` form, started as
+    a desktop agent starts it (its command, args and env; `paywire` given its full path, as the
+    docs/mcp.md says when it is not on the agent's PATH), pays for a tool from the demo payer its env
+    points at."""
+    made = _detail(big, "token-count-508")
+    remote = json.loads(made["snippets"]["mcp"])["mcpServers"]["paywire"]
+    assert remote["type"] == "http"
+    async with streamable_http_client(remote["url"]) as (read, write, _):
+        async with ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            assert (await mcp.list_tools()).tools[0].name == "help"
+
+    local = json.loads(made["snippets"]["mcp_stdio"])["mcpServers"]["paywire"]
+    assert local["command"] == "paywire" and set(local["env"]) == {"PAYWIRE_DATA_DIR"}
+    params = StdioServerParameters(command=str(ROOT / ".venv" / "bin" / "paywire"), args=local["args"],
+                                   env=local["env"], cwd=str(Path("/")))
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            paid = await mcp.call_tool("token-count-508", made["example"])
+    text = "\n".join(getattr(c, "text", "") for c in paid.content)
+    assert not paid.isError, text
+    receipt = (paid.meta or {})["x402/payment-response"]
+    assert receipt["success"] is True and receipt["amount"] == "5750"
+    [row] = big.ledger_rows(tx_hash=receipt["transaction"])
+    assert row["state"] == "settled" and row["skill_id"] == "token-count-508"
+
+
+def test_the_production_page_names_the_real_networks_and_fits_1280_px(production: LiveServer) -> None:
+    sync_api = _browser()
+    problems: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.set_default_timeout(15_000)
+            page.goto(f"{production.url}/")
+            page.wait_for_selector("body[data-loaded=true]")
+            page.wait_for_selector("body[data-models-loaded=true]")
+            assert page.text_content("footer p") == (
+                "Served by paywire. Payments are in USDC on Base and Solana.")
+            body = page.inner_text("body")
+            assert "test USDC" not in body and "/devnet" not in body and "devnet-keys" not in body
+            stdio = json.loads(page.text_content('pre[data-snippet="connect-mcp-stdio"]') or "")
+            assert "PAYWIRE_PAYER_KEY_FILE" in stdio["mcpServers"]["paywire"]["env"]
+            widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+            page.screenshot(path=str(artifacts() / "catalogue-page-production.png"))
+        finally:
+            browser.close()
+    assert not problems, problems
+    assert widths[0] <= widths[1] == 1280, f"the page is {widths[0]} px wide"

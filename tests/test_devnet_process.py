@@ -98,15 +98,14 @@ def _healthy(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevnetProcess]:
-    """`paywire devnet --port 0 --env-file ...`: the system picks the port, the env file names it."""
+    """`paywire devnet --port 0 --env-file ...`: the system picks the port, the env file names it;
+    the keys go to PAYWIRE_DATA_DIR, as `paywire serve` and `paywire pay` read it."""
     folder = tmp_path_factory.mktemp("devnet")
     env_file, data_dir, output = folder / "gateway.env", folder / "devnet-data", folder / "devnet.log"
     with output.open("w") as sink:
         proc = subprocess.Popen(
-            [*PAYWIRE, "devnet", "--port", "0", "--data-dir", str(data_dir), "--env-file",
-             str(env_file), "--log-level", "info"],
-            env=paywire_env(folder / "unused"), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT,
-            text=True)
+            [*PAYWIRE, "devnet", "--port", "0", "--env-file", str(env_file), "--log-level", "info"],
+            env=paywire_env(data_dir), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_until(env_file.exists, proc, "env file")
         env = _read_env_file(env_file)
@@ -122,7 +121,8 @@ def test_prints_the_public_settings_and_writes_the_keys_only_to_the_env_file(
 ) -> None:
     env = devnet.env
     assert stat.S_IMODE(devnet.env_file.stat().st_mode) == 0o600
-    assert (devnet.data_dir / "devnet-keys.json").exists()
+    assert (devnet.data_dir / "devnet-keys.json").exists()  # PAYWIRE_DATA_DIR's, not ./.paywire
+    assert f"keys in {devnet.data_dir / 'devnet-keys.json'}" in devnet.output.read_text()
     assert set(env) == {"PAYWIRE_NETWORKS", "PAYWIRE_EVM_RPC_URL", "PAYWIRE_SOLANA_RPC_URL",
                         "PAYWIRE_EVM_PAY_TO", "PAYWIRE_SOLANA_PAY_TO", "PAYWIRE_EVM_FACILITATOR_KEY",
                         "PAYWIRE_SOLANA_FACILITATOR_KEY"}

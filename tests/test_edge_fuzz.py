@@ -1,8 +1,8 @@
 """A bounded property-based fuzz of every face: JSON routes, multipart routes, the catalogue's query
-parameters, /a2a and the payment headers. Whatever is sent: no 5xx, no hang, errors in the
-route's shape, and nothing charged but what was delivered (merchant balances and settled ledger rows move
-only by the receipts of delivered answers: nothing here signs, but a mutation of a field the
-payer does not sign still leaves a valid payment)."""
+parameters, /a2a, /mcp and the headers that carry JSON (payments, Sign-In-With-X). Whatever is
+sent: no 5xx, no hang, errors in the route's shape, and nothing charged but what was delivered
+(merchant balances and settled ledger rows move only by the receipts of delivered answers: nothing
+here signs, but a mutation of a field the payer does not sign still leaves a valid payment)."""
 
 from __future__ import annotations
 
@@ -124,8 +124,10 @@ def _check(path: str, response: httpx.Response) -> None:
     if response.status_code == 402:  # on /a2a too: a refused header payment is x402's answer
         assert body["x402Version"] == 1 and body["accepts"], body
         return
-    if path.startswith("/a2a"):
+    if path.startswith(("/a2a", "/mcp")):
         assert body["jsonrpc"] == "2.0" and ("error" in body or "result" in body), body
+        if "error" in body:  # a JSON-RPC error code, never the SDK's 0 for an exception
+            assert body["error"]["code"] <= -32000 and body["error"]["message"], body
         return
     if path.startswith(("/api/marketplace", MARKETPLACE)):
         assert body["success"] is False, body
@@ -223,12 +225,12 @@ a2a_messages = st.fixed_dictionaries(
 
 
 @FUZZ
-@given(method=st.sampled_from(A2A_METHODS),
+@given(method=st.sampled_from(A2A_METHODS) | json_values,
        params=st.one_of(json_values, st.fixed_dictionaries({"message": a2a_messages}),
                         st.fixed_dictionaries({"id": st.text(max_size=12) | json_values})),
        request_id=st.integers(-5, 5) | st.text(max_size=5) | st.none(),
        version=st.sampled_from([None, "1.0", "0.3", "9"]))
-def test_a2a_json_rpc(env: Env, charges: Charges, method: str, params: Any, request_id: Any,
+def test_a2a_json_rpc(env: Env, charges: Charges, method: Any, params: Any, request_id: Any,
                       version: str | None) -> None:
     headers = {"A2A-Version": version} if version else {}
     rpc = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
@@ -236,6 +238,35 @@ def test_a2a_json_rpc(env: Env, charges: Charges, method: str, params: Any, requ
         rpc["method"] = "message/send"  # an SSE answer is a 200 stream; its errors are events
     response = httpx.post(env.gateway.url + "/a2a", json=rpc, headers=headers, timeout=TIMEOUT)
     _check("/a2a", response)
+
+
+MCP_METHODS = ["initialize", "ping", "tools/list", "tools/call", "prompts/list", "nope", ""]
+mcp_params = st.one_of(
+    json_values,
+    st.fixed_dictionaries({"cursor": st.text(alphabet="0123456789²١-x ", max_size=4)
+                           | st.text(max_size=6) | json_values}),
+    st.fixed_dictionaries({"name": st.sampled_from(RESOURCES + ["chat_completions"]) | json_values,
+                           "arguments": json_values},
+                          optional={"_meta": st.fixed_dictionaries(
+                              {"x402/payment": json_values})}))
+
+
+@FUZZ
+@given(method=st.sampled_from(MCP_METHODS) | json_values, params=mcp_params,
+       request_id=st.integers(-5, 5) | st.text(max_size=5) | json_values,
+       drop=st.sets(st.sampled_from(["jsonrpc", "id", "params"]), max_size=2))
+def test_mcp_json_rpc(env: Env, charges: Charges, method: Any, params: Any, request_id: Any,
+                      drop: set[str]) -> None:
+    rpc = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+    for name in drop:
+        del rpc[name]
+    response = httpx.post(env.gateway.url + "/mcp", json=rpc, timeout=TIMEOUT, headers={
+        "accept": "application/json, text/event-stream", "mcp-protocol-version": "2025-11-25"})
+    if response.status_code == 202:  # a notification (no id): nothing to answer
+        assert not response.content
+        return
+    _check("/mcp", response)
+    assert response.json()["id"] in (None, rpc.get("id"))  # its request's id, or null: JSON-RPC
 
 
 @pytest.fixture(scope="module")
@@ -283,24 +314,49 @@ def mutated_payments(draw: st.DrawFn, signed: dict[str, dict[str, Any]]) -> tupl
     return draw(st.sampled_from(["PAYMENT-SIGNATURE", "X-PAYMENT"])), encoded
 
 
+# The body of a paid call on each face a header payment reaches.
+PAID_CALLS = {
+    f"{MARKETPLACE}token-count-508": PAID_BODY,
+    "/v1/chat/completions": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]},
+    "/a2a": {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+        "role": "user", "messageId": "m", "parts": [
+            {"kind": "data", "data": {"skill": "token-count-508", "input": PAID_BODY}}]}}},
+}
+
+
 def test_payment_headers(env: Env, charges: Charges, signed: dict[str, dict[str, Any]]) -> None:
     @FUZZ
     @given(payment=mutated_payments(signed) | st.tuples(
         st.sampled_from(["PAYMENT-SIGNATURE", "X-PAYMENT"]),
         st.text(alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=300)))
     def run(payment: tuple[str, str]) -> None:
-        for path in (f"{MARKETPLACE}token-count-508", "/v1/chat/completions", "/a2a"):
-            body: dict[str, Any] = PAID_BODY
-            if path == "/v1/chat/completions":
-                body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
-            elif path == "/a2a":
-                body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {
-                    "message": {"role": "user", "messageId": "m", "parts": [
-                        {"kind": "data", "data": {"skill": "token-count-508",
-                                                  "input": PAID_BODY}}]}}}
+        for path, body in PAID_CALLS.items():
             response = httpx.post(env.gateway.url + path, json=body, timeout=TIMEOUT,
                                   headers={payment[0]: payment[1]})
             charges.seen(response)  # a mutation of a field nobody signs (resource.mimeType)
             _check(path, response)  # leaves a valid payment: charged, and delivered
 
     run()
+
+
+@st.composite
+def hostile_json(draw: st.DrawFn) -> bytes:
+    """JSON nested 1 to 5,000 deep (arrays, objects or both, maybe unclosed), or holding a number
+    of up to 6,000 digits."""
+    if draw(st.booleans()):
+        return b'{"x402Version": ' + b"7" * draw(st.integers(1, 6000)) + b"}"
+    depth = draw(st.sampled_from([64, 65, 1200, 5000]) | st.integers(1, 2000))
+    opener = draw(st.sampled_from([b"[", b'{"a":', b'[{"a":']))
+    closer = {b"[": b"]", b'{"a":': b"}", b'[{"a":': b"}]"}[opener]
+    return opener * depth + b"1" + closer * draw(st.sampled_from([depth, 0, depth // 2]))
+
+
+@FUZZ
+@given(name=st.sampled_from(["PAYMENT-SIGNATURE", "X-PAYMENT", "SIGN-IN-WITH-X"]),
+       raw=hostile_json(), urlsafe=st.booleans(), path=st.sampled_from(sorted(PAID_CALLS)))
+def test_headers_carrying_hostile_json(env: Env, charges: Charges, name: str, raw: bytes,
+                                       urlsafe: bool, path: str) -> None:
+    value = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(raw).decode()
+    response = httpx.post(env.gateway.url + path, json=PAID_CALLS[path], timeout=TIMEOUT,
+                          headers={name: value})
+    _check(path, response)

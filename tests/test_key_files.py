@@ -11,6 +11,8 @@ import pytest
 from eth_account import Account
 
 from agent.cli import main as cli
+from agent.cli.common import CONFIG_ERROR
+from agent.cli.database import db_settings
 from agent.settings import ConfigError, PayerSettings, Settings
 
 EVM_KEY = "0x" + "3c" * 32
@@ -126,7 +128,7 @@ def test_a_command_line_database_url_wins_over_the_file(tmp_path: Path, monkeypa
     path = key_file(tmp_path, "postgresql+asyncpg://a@127.0.0.1/file", name="database-url")
     monkeypatch.setenv("PAYWIRE_DATABASE_URL_FILE", str(path))
     given = "sqlite+aiosqlite:///" + str(tmp_path / "option.db")
-    settings = cli._db_settings(argparse.Namespace(database_url=given, data_dir=None))
+    settings = db_settings(argparse.Namespace(database_url=given, data_dir=None))
     assert settings.db_url == given
 
 
@@ -134,7 +136,7 @@ def test_paywire_stops_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
                                      capsys: pytest.CaptureFixture[str]) -> None:
     path = key_file(tmp_path, SECRET, 0o644)
     monkeypatch.setenv("OPENAI_API_KEY_FILE", str(path))
-    assert cli.main(["config"]) == cli.CONFIG_ERROR
+    assert cli.main(["config"]) == CONFIG_ERROR
     err = capsys.readouterr().err
     assert err.startswith("paywire: configuration error: OPENAI_API_KEY_FILE names") and err.count("\n") == 1
     assert SECRET not in err

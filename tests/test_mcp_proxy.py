@@ -22,16 +22,21 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from payments import spend_caps
 from payments.devnet import Devnet
 from payments.devnet.keys import DevnetKeys, load_or_create_keys
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from payments.spend_caps import OverCap, SpendLedger
+from tests.support.docs import doc_section
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.live_server import LiveServer, start_server
 from tests.support.served_process import ROOT
 from tests.support.x402_mcp_server import X402McpServer, start_x402_mcp_server
 
 SECRET_ARGUMENT = "Atlantis-7f3e"  # a tool argument: it must never reach a log line
+# The moment the spend ledgers' clocks are pinned at (no test races the real midnight): a second
+# before a UTC day ends, where a test that took two seconds would have crossed into the next one.
+DAYS_END = datetime(2030, 5, 1, 23, 59, 59, tzinfo=UTC)
 _PROXIES = itertools.count()
 
 
@@ -77,15 +82,22 @@ class Proxy:
         return await self.session.call_tool(tool, {"city": city})
 
 
+def paywire(at: datetime | None = None) -> list[str]:
+    """The arguments of `python` that run `paywire`, its spend ledger's clock pinned `at` a time."""
+    return ["-m", "tests.support.pinned_clock", at.isoformat()] if at else ["-m", "agent.cli.main"]
+
+
 @asynccontextmanager
 async def proxy(chain: Chain, server_url: str, folder: Path, *options: str,
-                ledger: Path | None = None, env: dict[str, str] | None = None) -> AsyncIterator[Proxy]:
-    """`paywire mcp --server URL OPTIONS` as a subprocess, with an initialized MCP session."""
+                ledger: Path | None = None, env: dict[str, str] | None = None,
+                at: datetime | None = None) -> AsyncIterator[Proxy]:
+    """`paywire mcp --server URL OPTIONS` as a subprocess, with an initialized MCP session;
+    `at`: its clock pinned at that time."""
     ledger = ledger or folder / "spend.db"
     stderr = folder / f"proxy-{next(_PROXIES)}.log"
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "agent.cli.main", "mcp", "--server", server_url, "--ledger", str(ledger),
+        args=[*paywire(at), "mcp", "--server", server_url, "--ledger", str(ledger),
               "--log-level", "info", *options],
         env={**os.environ, "PYTHONPATH": str(ROOT), "PAYWIRE_DATA_DIR": str(chain.data_dir),
              "PAYWIRE_SOLANA_RPC_URL": chain.solana_rpc, **(env or {})},
@@ -182,8 +194,11 @@ async def test_a_call_over_the_per_call_cap_signs_nothing(
 
 async def test_the_daily_cap_refuses_after_n_calls_and_spent_lists_them(
         chain: Chain, upstream: X402McpServer, tmp_path: Path) -> None:
+    """The proxy and `--spent` run a second before midnight UTC, their clocks pinned: the calls
+    and the question are on the same day whenever the test runs."""
     before, calls_before = chain.balances(), len(upstream.calls)
-    async with proxy(chain, upstream.url, tmp_path, "--max-per-day", "0.02") as p:
+    at = DAYS_END
+    async with proxy(chain, upstream.url, tmp_path, "--max-per-day", "0.02", at=at) as p:
         first, second, third = [await p.call("tides") for _ in range(3)]
     assert not first.isError and not second.isError
     assert "Today (UTC " in _text(second) and "$0.02 of $1" not in _text(second)
@@ -196,14 +211,13 @@ async def test_the_daily_cap_refuses_after_n_calls_and_spent_lists_them(
     assert [row.status for row in _rows(p.ledger)] == ["settled", "settled"]
 
     done = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.cli.main", "mcp", "--spent", "--ledger", str(p.ledger),
+        sys.executable, *paywire(at), "mcp", "--spent", "--ledger", str(p.ledger),
         "--max-per-day", "0.02", cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await done.communicate()
     assert done.returncode == 0, err.decode()
     text = out.decode()
-    today = datetime.now(UTC).strftime("%Y-%m-%d")
-    assert f"today (UTC {today}): $0.02 counted of $0.02 a day" in text
+    assert "today (UTC 2030-05-01): $0.02 counted of $0.02 a day" in text
     assert text.count("  settled         0.01  eip155:84532  ") == 2 and text.count("tides  (") == 2
 
 
@@ -213,7 +227,7 @@ async def test_a_payment_not_proven_unspent_counts_against_the_day(
     both count today (the failed one until its authorization expires), so the cap holds. A quote
     sent as a JSON-RPC error 402 (`legacy`, earlier x402 MCP servers) is paid too."""
     before = chain.balances()
-    async with proxy(chain, upstream.url, tmp_path, "--max-per-day", "0.03") as p:
+    async with proxy(chain, upstream.url, tmp_path, "--max-per-day", "0.03", at=DAYS_END) as p:
         ghost = await p.call("ghost")
         grudge = await p.call("grudge")
         legacy = await p.call("legacy")
@@ -226,7 +240,7 @@ async def test_a_payment_not_proven_unspent_counts_against_the_day(
     assert [rows[t].status for t in ("ghost", "grudge", "legacy")] == ["unknown", "failed", "settled"]
     assert rows["grudge"].expires_at is not None and rows["grudge"].expires_at > rows["grudge"].created_at
     assert chain.balances()[0] - before[0] == 10_000  # legacy's; ghost and grudge took nothing
-    assert SpendLedger(p.ledger).spent_today()[1] == 30_000
+    assert SpendLedger(p.ledger).spent_today(DAYS_END)[1] == 30_000
 
 
 async def test_concurrent_calls_at_the_days_edge_never_overshoot(
@@ -236,8 +250,10 @@ async def test_concurrent_calls_at_the_days_edge_never_overshoot(
     ledger = tmp_path / "shared.db"
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    async with proxy(chain, upstream.url, tmp_path / "a", "--max-per-day", "0.03", ledger=ledger) as a, \
-            proxy(chain, upstream.url, tmp_path / "b", "--max-per-day", "0.03", ledger=ledger) as b:
+    async with proxy(chain, upstream.url, tmp_path / "a", "--max-per-day", "0.03", ledger=ledger,
+                     at=DAYS_END) as a, \
+            proxy(chain, upstream.url, tmp_path / "b", "--max-per-day", "0.03", ledger=ledger,
+                  at=DAYS_END) as b:
         results = await asyncio.gather(*[p.call("weather", f"city-{i}") for i, p in enumerate([a, b] * 4)])
     paid = [r for r in results if not r.isError]
     refused = [r for r in results if r.isError]
@@ -245,7 +261,7 @@ async def test_concurrent_calls_at_the_days_edge_never_overshoot(
     assert all("daily cap $0.03" in _text(r) for r in refused)
     assert chain.balances()[0] - before[0] == 30_000
     assert sorted(row.status for row in _rows(ledger)) == ["settled"] * 3
-    assert SpendLedger(ledger).spent_today()[1] == 30_000
+    assert SpendLedger(ledger).spent_today(DAYS_END)[1] == 30_000
 
 
 # ---- the spend ledger itself (no process, no chain) ---------------------------------------------
@@ -287,7 +303,7 @@ def test_reservations_from_many_threads_never_overshoot(tmp_path: Path) -> None:
 
     def one(_: int) -> bool:
         try:
-            _reserve(SpendLedger(path), 10_000, 50_000)
+            _reserve(SpendLedger(path), 10_000, 50_000, DAYS_END)
             return True
         except OverCap:
             return False
@@ -295,7 +311,7 @@ def test_reservations_from_many_threads_never_overshoot(tmp_path: Path) -> None:
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(one, range(24)))
     assert outcomes.count(True) == 5
-    assert SpendLedger(path).spent_today()[1] == 50_000
+    assert SpendLedger(path).spent_today(DAYS_END)[1] == 50_000
 
 
 def test_caps_are_checked_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -318,10 +334,9 @@ def test_caps_are_checked_and_named(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_every_variable_of_the_client_is_documented() -> None:
     from agent.settings import PayerSettings
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Configuration"):]
+    table = doc_section("docs/configuration.md", "Configuration (environment)")
     for variable, _default, meaning in PayerSettings.reference():
-        assert f"`{variable}`" in table, f"README's Configuration table misses {variable}"
+        assert f"`{variable}`" in table, f"docs/configuration.md's table misses {variable}"
         assert meaning.startswith("`paywire "), f"{variable}: say which commands read it"
 
 
@@ -343,18 +358,20 @@ def test_an_unreachable_server_is_one_line(tmp_path: Path, capsys: pytest.Captur
     assert "Traceback" not in err and "11" * 32 not in err
 
 
-def test_spent_as_json_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_spent_as_json_is_exact(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
     from agent.cli.main import main
 
+    monkeypatch.setattr(spend_caps, "clock", lambda: DAYS_END)
     ledger = SpendLedger(tmp_path / "spend.db")
     row = _reserve(ledger, 5_750, 1_000_000)
-    ledger.mark_signed(row, payer="0xp", expires_at=datetime.now(UTC) + timedelta(minutes=5))
+    ledger.mark_signed(row, payer="0xp", expires_at=DAYS_END + timedelta(minutes=5))
     ledger.finish(row, "unknown", detail="TimeoutError")
     assert main(["mcp", "--spent", "--json", "--ledger", str(tmp_path / "spend.db"),
                  "--max-per-day", "0.5"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert (shown["spent_usd"], shown["max_per_day_usd"], shown["max_per_call_usd"]) == (
-        "0.00575", "0.5", "0.1")
+    assert (shown["day"], shown["spent_usd"], shown["max_per_day_usd"], shown["max_per_call_usd"]) == (
+        "2030-05-01", "0.00575", "0.5", "0.1")
     [payment] = shown["payments"]
     assert (payment["status"], payment["usd"], payment["amount_atomic"], payment["detail"]) == (
         "unknown", "0.00575", "5750", "TimeoutError")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -38,6 +37,7 @@ from agent.mcp import face as mcp_face
 from agent.pipeline.gateway import CallRequest, Outcome
 from agent.pipeline.price_terms import route_terms
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
+from tests.support.docs import doc_section, fenced
 from tests.support.model_env import Env
 from tests.support.paying import EVM_NET, SOL_NET
 
@@ -123,7 +123,7 @@ async def test_tools_list_every_resource_and_model_operation_with_schema_and_pri
     assert len(by_name) == len(tools) and tools[0].name == "help"
     for tool in tools:
         assert mcp_face._NAME.match(tool.name) and tool.inputSchema["type"] == "object"
-    skills = [s for s in catalogue.all() if s.kind != "model"]
+    skills = [s for s in catalogue.for_sale() if s.kind != "model"]  # (a call of the others: 503)
     for skill in skills:  # every resource (and help), its schema and price as price_terms says
         tool = by_name[skill.id]
         terms = catalogue.price_terms(skill)
@@ -314,11 +314,8 @@ def test_a_request_the_sdk_cannot_validate_is_logged_without_its_content(
 
 
 def test_the_readme_snippet_pays_a_tool_as_written(env: Env, tmp_path: Path) -> None:
-    """README's "Use it from MCP" snippet, verbatim, run as a file in a subprocess."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("\n## Use it from MCP")
-    [snippet] = re.findall(r"^```python\n(.*?)^```$", readme[start:readme.index("\n## ", start + 1)],
-                           flags=re.M | re.S)
+    """docs/mcp.md's "Use it from MCP" snippet, verbatim, run as a file in a subprocess."""
+    [snippet] = fenced(doc_section("docs/mcp.md", "Use it from MCP"), "python")
     (tmp_path / "pay_a_tool.py").write_text(snippet)
     before = env.gateway.devnet.merchant_balances().evm
     done = subprocess.run(

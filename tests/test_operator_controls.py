@@ -99,7 +99,7 @@ def test_a_skill_switched_off_through_the_api_answers_503_before_any_quote(serve
         assert answer.json()["error"]["code"] == "skill_disabled"
         assert "maintenance until 14:00" in answer.json()["error"]["message"]
     plain = a2a_send(server)  # a plain x402 client on A2A: HTTP 503, no quote
-    assert plain.status_code == 503 and plain.json()["error"]["code"] == "skill_disabled"
+    assert plain.status_code == 503 and plain.json()["error"]["data"]["code"] == "skill_disabled"
     in_band = a2a_send(server, {"A2A-Extensions": X402_EXTENSION}).json()["result"]
     assert in_band["status"]["state"] == "failed"
     error = in_band["status"]["message"]["metadata"]["paywire.error"]

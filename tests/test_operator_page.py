@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.live_server import LiveServer
 from tests.support.operator_ledger import (
+    BODY,
     FAILURE,
     PENDING_TX,
     SKILL,
@@ -27,6 +28,7 @@ from tests.support.operator_ledger import (
     pay_calls,
     start_admin_server,
 )
+from tests.support.paying import SOL_NET, client_for, header, post_paid, quote, receipt, sign
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -128,3 +130,45 @@ def test_the_operator_watches_revenue_and_failures(watched: tuple[LiveServer, li
     assert not problems, problems  # no script error, no CSP violation
     assert shot.exists() and shot.stat().st_size > 20_000
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _pay_on_solana(live: LiveServer) -> str:
+    """One paid call on the devnet's Solana: its transaction, an 86-88 character signature."""
+    url = f"{live.url}/v1/marketplace/api/{SKILL}"
+    _, required = quote(url, BODY)
+    client = client_for(live.url, sol_key=live.devnet.keys.sol_payer)
+    paid = post_paid(url, BODY, header(sign(client, required, SOL_NET)))
+    assert paid.status_code == 200, paid.text
+    return str(receipt(paid)["transaction"])
+
+
+def test_the_board_fits_a_1280_px_window_with_a_solana_signature(
+        watched: tuple[LiveServer, list[str]]) -> None:
+    """A Solana signature and network id are long: the page does not overflow sideways at a
+    1280 px window; the cells are clipped with the whole value in their title (and their text)."""
+    live, _ = watched
+    signature = _pay_on_solana(live)
+    assert len(signature) >= 86
+    problems: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.set_default_timeout(15_000)
+            page.goto(f"{live.url}/admin/")
+            page.fill("#token", TOKEN)
+            page.click("#login button[type=submit]")
+            page.wait_for_selector("body[data-loaded=true]")
+            cell = page.locator("#payments td.mono", has_text=signature)
+            assert cell.count() == 1 and cell.text_content() == signature
+            assert cell.get_attribute("title") == signature
+            network = page.locator("#payments td", has_text=SOL_NET).first
+            assert network.get_attribute("title") == SOL_NET
+            widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+            shot = artifacts() / "operator-page-1280.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert not problems, problems
+    assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"

@@ -1,7 +1,7 @@
-"""README's Models snippet runs as pasted: taken from the README verbatim, run as a file in a
+"""docs/models.md's snippet runs as pasted: taken from the page verbatim, run as a file in a
 subprocess against a live devnet gateway whose `openai` provider is a loopback stand-in, paying on
 Base with the demo payer (the snippet's default) and on Solana (the key a user would set). What
-it imports is what the README's `pip install` line installs."""
+it imports is what the page's `pip install` line installs."""
 
 from __future__ import annotations
 
@@ -20,21 +20,13 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.docs import doc_section, fenced, pip_lines
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def models_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("\n## Models")
-    end = text.index("\n## ", start + 1)
-    return text[start:end]
-
-
-def fenced(section: str, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```$", section, flags=re.M | re.S)
+    return doc_section("docs/models.md", "Models")
 
 
 SNIPPET = fenced(models_section(), "python")[0]
@@ -88,8 +80,7 @@ def test_the_models_snippet_pays_and_prints_the_answer(setup: Setup, chain: str)
 
 
 def test_the_pip_line_installs_what_the_snippet_imports() -> None:
-    line = next(line for block in fenced(models_section(), "bash") for line in block.splitlines()
-                if line.startswith("pip install "))
+    line = pip_lines(models_section())[0]
     installed = _installed_by(shlex.split(line)[2:])
     from_dists = metadata.packages_distributions()
     imported = {m.group(1).split(".")[0] for m in

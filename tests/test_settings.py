@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.settings import ConfigError, Settings
+from tests.support.docs import doc_section
 
 EVM = "0x" + "12" * 20
 SOL = "9WzDXwBbmkg8ZTbNMqUxvQRAyrZzDsGYdLVL9zYtAWWM"
@@ -164,10 +165,9 @@ def test_provider_variables_are_declared_fields_and_keys_are_secret() -> None:
 def test_every_setting_is_documented() -> None:
     for variable, _default, meaning in Settings.reference():
         assert variable.isupper() and meaning, variable
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    readme = readme[readme.index("## Configuration"):]
+    table = doc_section("docs/configuration.md", "Configuration (environment)")
     for variable, _default, _meaning in Settings.reference():
-        assert f"`{variable}`" in readme, f"README's Configuration table misses {variable}"
+        assert f"`{variable}`" in table, f"docs/configuration.md's table misses {variable}"
 
 
 def test_variables_hands_out_only_the_names_asked_for() -> None:

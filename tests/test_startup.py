@@ -6,6 +6,7 @@ the facilitator answers, then takes payments."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -40,11 +41,16 @@ MERCHANT = "0x" + "12" * 20
 BODY = {"text": "Paid once the facilitator is up.", "model": "gpt-4o-mini"}
 
 
-def serve_and_fail(tmp_path: Path, *args: str, **env: str) -> str:
-    """`paywire serve` that must stop on its configuration: the one line it printed."""
-    done = subprocess.run([*PAYWIRE, "serve", *args, "--log-level", "warning"],
+def serve_once(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`paywire serve` that must stop before it serves."""
+    return subprocess.run([*PAYWIRE, "serve", *args, "--log-level", "warning"],
                           env=paywire_env(tmp_path / ".paywire", **env), cwd=ROOT, text=True,
                           capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def serve_and_fail(tmp_path: Path, *args: str, **env: str) -> str:
+    """`paywire serve` that must stop on its configuration: the one line it printed."""
+    done = serve_once(tmp_path, *args, **env)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith(PREFIX)]
@@ -90,6 +96,33 @@ def test_a_facilitator_host_that_does_not_exist_stops_startup(tmp_path: Path) ->
                           **production("http://paywire-facilitator.invalid"))
     assert "PAYWIRE_FACILITATOR_URL" in line and "'paywire-facilitator.invalid' does not exist" in line
     assert "expected the base URL of an x402 facilitator that settles base-sepolia" in line
+
+
+def test_a_port_in_use_is_one_line_before_any_banner(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # listening: the port is in use
+        port = taken.getsockname()[1]
+        done = serve_once(tmp_path, "--port", str(port))
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == (f"paywire: cannot listen on 127.0.0.1:{port}: Address already in use; "
+                           "another process listens there: stop it, or choose another port with "
+                           "--port or PAYWIRE_PORT\n")
+
+
+def test_a_postgresql_server_that_cannot_be_reached_is_named_with_what_to_check(tmp_path: Path) -> None:
+    sock, port = bound_socket()  # bound, never listening: connections are refused
+    try:
+        done = serve_once(tmp_path, "--port", str(free_port()), PAYWIRE_DATABASE_URL=(
+            f"postgresql+asyncpg://paywire:pw-not-shown@127.0.0.1:{port}/paywire"))
+    finally:
+        sock.close()
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"paywire: database error: PAYWIRE_DATABASE_URL postgresql+asyncpg://"
+                           f"paywire:***@127.0.0.1:{port}/paywire: cannot connect: ConnectionRefusedError")
+    assert line.endswith(f"; check that the PostgreSQL server is running and accepts connections at "
+                         f"127.0.0.1:{port}, and that the user, password and database name are right "
+                         "(PAYWIRE_DATABASE_URL: postgresql+asyncpg://USER:PASSWORD@HOST:PORT/DATABASE)")
+    assert "pw-not-shown" not in done.stderr and "LOCAL TEST CHAIN" not in done.stderr
 
 
 async def _solana_only(request: Request) -> Response:

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from agent.a2a.messages import X402_EXTENSION, X402_EXTENSIONS
 from agent.edge.http_io import json_bytes
-from agent.pipeline.catalogue import HELP_SKILL, Catalogue, fixed_price_text
+from agent.pipeline.catalogue import HELP_SKILL, Catalogue, and_list, fixed_price_text
 
 if TYPE_CHECKING:
     from skills.skill import Skill
@@ -71,9 +71,7 @@ V01_EXTENSION_DESCRIPTION = (
 
 def _networks_text(names: Sequence[str]) -> str:
     """`Base Sepolia (eip155:84532) and Solana devnet (solana:...)`."""
-    if not names:
-        return "the networks each quote lists"
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return and_list(names) or "the networks each quote lists"
 
 
 def _price_text(skill: Skill) -> str:
@@ -138,8 +136,10 @@ def build_agent_card(
     """The A2A 1.0 card for every skill in `catalogue` (help first, then registry order), paid on
     `networks` (each named for people, e.g. "Base Sepolia (eip155:84532)").
 
-    At most `max_skills` sellable skills are listed (the free help entry is extra); when some are
-    left out the description says how many and where the complete, paged list is.
+    The skills a call can buy now are listed (`Catalogue.for_sale`: one switched off or not
+    configured here would answer 503), at most `max_skills` of them (the free help entry is
+    extra); when some are left out the description says how many and where the complete, paged
+    list is.
     `legacy_interface` also lists the same endpoint as a 0.3 JSON-RPC interface (the JSON-RPC
     routes run with the SDK's 0.3 compatibility switch); that makes the SDK add the 0.3 top-level
     fields to the served 1.0 JSON, so 0.3 clients reading agent-card.json work too.
@@ -148,7 +148,7 @@ def build_agent_card(
         raise ValueError(f"max_skills must be >= 0, got {max_skills}")
     base_url = base_url.rstrip("/")
     rpc_url = f"{base_url}/a2a"
-    sellable = [s for s in catalogue.all() if s.id != HELP_SKILL]
+    sellable = [s for s in catalogue.for_sale() if s.id != HELP_SKILL]
     listed = sellable[:max_skills]
     left_out = len(sellable) - len(listed)
 
@@ -219,18 +219,16 @@ def cached_card_factory(
     max_skills: int = 200,
     legacy_interface: bool = True,
 ) -> Callable[[], AgentCard]:
-    """A callable returning the card, rebuilt only when the registry changed.
-
-    The catalogue only ever grows (it has no removal), so its size identifies its state.
-    """
+    """A callable returning the card, rebuilt only when the registry grew or the operator's
+    switches changed (`Catalogue.generation`)."""
     cached: list[tuple[int, AgentCard]] = []
 
     def current() -> AgentCard:
-        size = len(catalogue)
-        if not cached or cached[0][0] != size:
+        generation = catalogue.generation
+        if not cached or cached[0][0] != generation:
             card = build_agent_card(catalogue, networks, base_url=base_url, version=version,
                                     max_skills=max_skills, legacy_interface=legacy_interface)
-            cached[:] = [(size, card)]
+            cached[:] = [(generation, card)]
         return cached[0][1]
 
     return current

@@ -19,8 +19,10 @@ style sheet and same-origin requests only. Nothing is fetched from elsewhere.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from decimal import Decimal
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -28,13 +30,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent.edge.http_io import HttpProblem, page_headers
+from agent.pipeline.catalogue import and_list
 from agent.pipeline.gateway import Gateway
-from agent.pipeline.price_terms import PriceTerms
+from agent.pipeline.price_terms import PaymentOption, PriceTerms
 
 from .snippets import (
     FORM_FILE_FIELDS,
     Entry,
+    Site,
+    mcp_config,
     mcp_stdio_command,
+    mcp_stdio_config,
     model_example,
     operation_path,
     snippets,
@@ -90,8 +96,28 @@ def mcp_tool(skill_id: str, kind: str, operation: str | None) -> str | None:
     return re.sub(r"[^a-zA-Z0-9_-]", "_", skill_id)[:64]
 
 
-def routes(gateway: Gateway, base_url: str, version: str) -> list[Route]:
+def payments_note(options: Sequence[PaymentOption], devnet: bool) -> str:
+    """What the page says of money: test USDC on a devnet gateway only (its own chains), the
+    networks paid on anywhere else."""
+    listed = and_list(list(dict.fromkeys(o.label or o.network for o in options)))
+    if devnet:
+        return (f"Devnet payments use test USDC with no value ({listed}: chains this gateway runs)."
+                if listed else "Devnet payments use test USDC with no value.")
+    return f"Payments are in USDC on {listed}." if listed else "Payments are in USDC."
+
+
+def site_of(options: Sequence[PaymentOption], devnet_dir: Path | None) -> Site:
+    """What the snippets need of this gateway: devnet (where its demo payer's keys are) or not,
+    and the Solana network paid on (CAIP-2 namespace `solana`), if any."""
+    solana = next((o.network for o in options if o.network.startswith("solana:")), None)
+    return Site(devnet_dir=str(devnet_dir.resolve()) if devnet_dir is not None else None,
+                solana_network=solana)
+
+
+def routes(gateway: Gateway, base_url: str, version: str, devnet_dir: Path | None = None) -> list[Route]:
+    """`devnet_dir`: a devnet gateway's data folder (its demo payer's keys); None in production."""
     catalogue = gateway.catalogue
+    site = site_of(catalogue.payment_options, devnet_dir)
     folder = resources.files("wellknown") / "catalogue_page"
     page = (folder / "index.html").read_bytes()
     links = {
@@ -117,6 +143,9 @@ def routes(gateway: Gateway, base_url: str, version: str) -> list[Route]:
                            "on Base and Solana. Open this URL in a browser for the catalogue.",
             "links": links,
             "mcp_stdio": mcp_stdio_command(base_url),
+            "mcp_config": {"http": mcp_config(base_url), "stdio": mcp_stdio_config(base_url, site)},
+            "payments": {"devnet": site.devnet, "note": payments_note(catalogue.payment_options, site.devnet),
+                         "networks": [o.network for o in catalogue.payment_options]},
             "counts": {"resources": len(catalogue.of_kind("resource")),
                        "models": len(catalogue.of_kind("model"))},
         }, headers={**JSON_HEADERS, **vary})
@@ -124,13 +153,11 @@ def routes(gateway: Gateway, base_url: str, version: str) -> list[Route]:
     async def models(request: Request) -> Response:
         data = []
         for skill in catalogue.of_kind("model"):
-            info = skill.info() if skill.info else {}
-            switched_on = catalogue.available(skill.id)
+            info = {k: v for k, v in (skill.info() if skill.info else {}).items()
+                    if k not in ("available", "reason")}  # the catalogue's availability says them
             operation = next(iter(skill.operations), None)
             data.append({
-                "id": skill.id, "name": skill.name, **info,
-                "available": bool(info.get("available", True)) and switched_on,
-                **({} if switched_on else {"reason": "switched off by the operator"}),
+                "id": skill.id, "name": skill.name, **info, **catalogue.availability(skill).as_json(),
                 "endpoint": operation_path(operation) if operation else None,
                 "price": catalogue.price_terms(skill, operation).as_json(),
             })
@@ -151,14 +178,14 @@ def routes(gateway: Gateway, base_url: str, version: str) -> list[Route]:
             operation, path, body = None, f"/v1/marketplace/api/{skill.id}", example
         terms = catalogue.price_terms(skill, operation)
         entry = Entry(base_url=base_url, path=path, body=body, kind=skill.kind, operation=operation,
-                      most_usd=_fixed_usd(terms))
+                      most_usd=_fixed_usd(terms), site=site)
         return JSONResponse({
             "id": skill.id,
             "kind": skill.kind,
             "name": skill.name,
             "description": skill.description,
             "categories": list(skill.categories),
-            "available": catalogue.available(skill.id),
+            **catalogue.availability(skill).as_json(),
             "operation": operation,
             "operations": list(skill.operations),
             "method": "POST",

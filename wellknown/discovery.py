@@ -3,8 +3,9 @@ facilitator's discovery API answers (x402's specs/extensions/bazaar.md "Optional
 Endpoints"; the SDK's `with_bazaar(...).list_resources` parses it), and `GET /.well-known/x402`,
 the host's manifest pointing at it (x402's draft specs/extensions/discovery.md).
 
-Every paid route is an item: each marketplace resource under its own URL, and each /v1 model
-route one of whose models is available here (the route's template, a body naming the model). An
+Every paid route a call can buy now is an item: each marketplace resource available here (the
+catalogue's rule: not switched off, configured) under its own URL, and each /v1 model route one
+of whose models is configured here (the route's template, a body naming the model). An
 item's `accepts` are the requirements a 402 gives for its price (a request-priced route: its
 minimum), built by the gateway's payment processor; `extensions.bazaar` is the very description
 its 402s carry (agent/pipeline/bazaar.py); `metadata` lifts that description's input, output and price
@@ -56,7 +57,7 @@ class Entry:
 
 class Listing:
     """The paid routes in catalogue order (the /v1 model routes first), rebuilt when the registry
-    grows; the operator's switches are applied per request (they change at run time)."""
+    grows; what is available (switches change at run time) is applied per request."""
 
     def __init__(self, gateway: Gateway, routes: Sequence[HttpRoute]) -> None:
         self._gateway = gateway
@@ -68,7 +69,8 @@ class Listing:
         catalogue = self._gateway.catalogue
         if self._built is None or self._built[0] != len(catalogue):
             self._built = (len(catalogue), self._build())
-        return [e for e in self._built[1] if e.skill is None or catalogue.available(e.skill.id)]
+        # what a call can buy now (the catalogue's one rule): not switched off, configured here
+        return [e for e in self._built[1] if e.skill is None or catalogue.available(e.skill)]
 
     def _build(self) -> list[Entry]:
         bazaar, catalogue = self._gateway.bazaar, self._gateway.catalogue
@@ -81,7 +83,7 @@ class Listing:
             found.append(Entry(route, None, f"{route.path} {route.operation} {route.description}".lower()))
         for route in self._per_skill:
             for skill in catalogue.of_kind("resource"):
-                if catalogue.price_terms(skill, route.operation).paid and sellable(skill):
+                if catalogue.price_terms(skill, route.operation).paid:
                     found.append(Entry(route, skill, " ".join(
                         (skill.id, skill.name, skill.description, *skill.categories, *skill.tags)).lower()))
         return found

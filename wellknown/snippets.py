@@ -4,16 +4,24 @@ Built here, in Python, so quoting is done by the standard library and never by h
 by `shlex.quote`, JSON by `json.dumps`, Python literals by `pprint` (repr). A description or an
 example written by a skill author (quotes, `$(...)`, backticks, newlines) stays one inert word.
 The catalogue page only puts these strings into the DOM as text.
+
+What a payer needs differs by gateway (`Site`): a devnet gateway has a demo payer (its keys in
+its data folder) and serves its Solana node at `/devnet/solana`; on a production gateway the
+payer brings a key (PAYWIRE_PAYER_KEY) and builds Solana payments on their own node
+(PAYWIRE_SOLANA_RPC_URL).
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import pprint
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+from x402.mechanisms.svm.constants import NETWORK_CONFIGS as SOLANA_NETWORKS
 
 PAY_DEFAULT_MAX_USD = Decimal("0.10")  # `paywire pay --max` default: above it the snippet says --max
 # A model operation's body sent as multipart (a file upload): field holding the file.
@@ -56,6 +64,30 @@ def _python_literal(body: Any) -> str:
 
 
 @dataclass(frozen=True)
+class Site:
+    """What a payer's snippets need to know of the gateway besides its URL."""
+
+    # a devnet gateway: its data folder, where `paywire serve` wrote the demo payer's keys (the
+    # snippets pay with them); None: a production gateway (the payer's own key)
+    devnet_dir: str | None = None
+    # the Solana network a payment may use (CAIP-2), if any: its public JSON-RPC is where a
+    # production payer's own node goes
+    solana_network: str | None = None
+
+    @property
+    def devnet(self) -> bool:
+        return self.devnet_dir is not None
+
+    def solana_rpc_example(self) -> str | None:
+        """The public JSON-RPC of the Solana network paid on (the x402 SDK's default for it), for
+        a production payer to replace with their own node; None: no Solana, or the devnet."""
+        if self.devnet or self.solana_network is None:
+            return None
+        found = SOLANA_NETWORKS.get(self.solana_network)
+        return found["rpc_url"] if found else None
+
+
+@dataclass(frozen=True)
 class Entry:
     """What the snippets need of one catalogue entry."""
 
@@ -65,6 +97,7 @@ class Entry:
     kind: str  # "resource" or "model"
     operation: str | None = None  # a model's operation (None for resources)
     most_usd: Decimal | None = None  # a fixed price, when there is one (for --max)
+    site: Site = field(default_factory=Site)  # (default: a production gateway)
 
     @property
     def url(self) -> str:
@@ -100,6 +133,28 @@ def pay_snippet(entry: Entry) -> str | None:
     return text
 
 
+# Who pays, and where a Solana payment is built (recent blockhash, the token's mint).
+_DEVNET_PAYER = '''\
+# Default: the devnet demo payer `paywire serve` wrote (its EVM key).
+KEY = os.environ.get("PAYWIRE_PAYER_KEY") or json.loads(
+    Path({keys}).read_text())["evm_payer"]
+SOLANA_RPC = os.environ.get("PAYWIRE_SOLANA_RPC_URL", f"{{GATEWAY}}/devnet/solana")
+'''
+_PAYER_KEY = '''\
+KEY = os.environ["PAYWIRE_PAYER_KEY"]
+# A Solana payment is built on your own Solana node: its JSON-RPC URL in PAYWIRE_SOLANA_RPC_URL
+# (unset: the x402 SDK uses the network's public endpoint, which is rate-limited).
+SOLANA_RPC = os.environ.get("PAYWIRE_SOLANA_RPC_URL") or None
+'''
+
+
+def _payer_lines(site: Site) -> str:
+    if site.devnet_dir is None:
+        return _PAYER_KEY
+    keys = json.dumps(posixpath.join(site.devnet_dir, "devnet-keys.json"))
+    return _DEVNET_PAYER.format(keys=keys)
+
+
 _PAYER = '''\
 import asyncio
 import base64
@@ -118,11 +173,7 @@ from x402.mechanisms.svm.signers import KeypairSigner
 
 GATEWAY = os.environ.get("PAYWIRE_URL", {base})
 # The payer: an EVM private key (0x...) pays on Base, a Solana base58 secret key on Solana.
-# Default: the devnet demo payer `paywire serve` wrote (its EVM key).
-KEY = os.environ.get("PAYWIRE_PAYER_KEY") or json.loads(
-    Path(".paywire/devnet-keys.json").read_text())["evm_payer"]
-SOLANA_RPC = os.environ.get("PAYWIRE_SOLANA_RPC_URL", f"{{GATEWAY}}/devnet/solana")
-{constants}
+{payer}{constants}
 
 async def main() -> None:
     payer = x402Client()  # refuses to pay more than $1 a call unless told otherwise
@@ -176,13 +227,14 @@ def python_snippet(entry: Entry) -> str:
             show,
         ]
         return _PAYER.format(extra_import="from openai import AsyncOpenAI\n", base=json.dumps(entry.base_url),
-                             constants=constants, call="\n".join(indent + line for line in lines))
+                             payer=_payer_lines(entry.site), constants=constants,
+                             call="\n".join(indent + line for line in lines))
     constants = (f"URL = GATEWAY + {json.dumps(entry.path)}\n"
                  f"BODY = {_indented(_python_literal(entry.body), 7)}\n")
     lines = ["response = await http.post(URL, json=BODY)",
              "print(response.status_code, response.text)"]
-    return _PAYER.format(extra_import="", base=json.dumps(entry.base_url), constants=constants,
-                         call="\n".join(indent + line for line in lines))
+    return _PAYER.format(extra_import="", base=json.dumps(entry.base_url), payer=_payer_lines(entry.site),
+                         constants=constants, call="\n".join(indent + line for line in lines))
 
 
 def _indented(text: str, columns: int) -> str:
@@ -190,14 +242,29 @@ def _indented(text: str, columns: int) -> str:
 
 
 def mcp_config(base_url: str) -> str:
-    """An MCP client's configuration for paywire's remote MCP server (streamable HTTP)."""
-    return json.dumps({"mcpServers": {"paywire": {"url": f"{base_url}/mcp"}}}, indent=2)
+    """An MCP client's configuration (`mcpServers`, as Claude, Cursor and others read it) for
+    paywire's remote MCP server: streamable HTTP, which the client must be told (`type`)."""
+    return json.dumps({"mcpServers": {"paywire": {"type": "http", "url": f"{base_url}/mcp"}}}, indent=2)
 
 
-def mcp_stdio_config(base_url: str) -> str:
+def mcp_stdio_env(site: Site) -> dict[str, str]:
+    """What `paywire mcp` reads (README's configuration table, agent/mcp/proxy.py): on the devnet
+    the folder of the demo payer's keys; in production the payer's key (from a file, so it stays
+    out of the agent's configuration), the Solana node when Solana is paid on, and the spend caps."""
+    if site.devnet_dir is not None:
+        return {"PAYWIRE_DATA_DIR": site.devnet_dir}
+    env = {"PAYWIRE_PAYER_KEY_FILE": "/path/to/your/payer-key"}
+    rpc = site.solana_rpc_example()
+    if rpc is not None:
+        env["PAYWIRE_SOLANA_RPC_URL"] = rpc
+    return {**env, "PAYWIRE_MCP_MAX_PER_CALL": "0.10", "PAYWIRE_MCP_MAX_PER_DAY": "1.00"}
+
+
+def mcp_stdio_config(base_url: str, site: Site) -> str:
     """The same, through `paywire mcp`: a local stdio server that pays from the user's key."""
     return json.dumps({"mcpServers": {"paywire": {
-        "command": "paywire", "args": ["mcp", "--server", f"{base_url}/mcp"]}}}, indent=2)
+        "command": "paywire", "args": ["mcp", "--server", f"{base_url}/mcp"],
+        "env": mcp_stdio_env(site)}}}, indent=2)
 
 
 def mcp_stdio_command(base_url: str) -> str:
@@ -212,5 +279,5 @@ def snippets(entry: Entry) -> dict[str, str]:
         out["pay"] = pay
     out["python"] = python_snippet(entry)
     out["mcp"] = mcp_config(entry.base_url)
-    out["mcp_stdio"] = mcp_stdio_config(entry.base_url)
+    out["mcp_stdio"] = mcp_stdio_config(entry.base_url, entry.site)
     return out

@@ -329,29 +329,13 @@ class PaywireExecutor(AgentExecutor):
         if isinstance(outcome, Delivered) and outcome.stream is not None:
             if scope is not None and outcome.receipt is not None:
                 scope.receipt = outcome.receipt
-            artifact_id = str(uuid.uuid4())
-            count = 0
+            # The result reaches the payer through its task (stored; read with tasks/get, or
+            # streamed): delivered once the task holds all of it, whoever is still connected.
+            stored = False
             try:
-                async for chunk in outcome.stream:
-                    await updater.add_artifact([_chunk_part(chunk)], artifact_id=artifact_id,
-                                               name="result", append=count > 0, last_chunk=False)
-                    count += 1
-            except Exception as exc:  # noqa: BLE001 - the upstream broke after settlement
-                receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
-                await updater.update_status(TaskState.TASK_STATE_FAILED, _agent_message(
-                    ctx, tid, f"the result stream broke after {count} chunks "
-                              f"({type(exc).__name__}); the payment had settled: its receipt is "
-                              "attached", {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts,
-                                           "paywire.error": {"code": "stream_broken"}}),
-                    metadata=_payer_grant(outcome))
-                return
-            await updater.add_artifact([new_text_part("")], artifact_id=artifact_id, name="result",
-                                       append=True, last_chunk=True)
-            receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
-            meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
-            await updater.update_status(TaskState.TASK_STATE_COMPLETED,
-                                        _agent_message(ctx, tid, "Done.", meta),
-                                        metadata=_payer_grant(outcome))
+                stored = await self._stream_to_task(updater, outcome)
+            finally:
+                outcome.handed_over(stored)
             return
         if isinstance(outcome, Delivered):
             body = outcome.result.body
@@ -402,6 +386,35 @@ class PaywireExecutor(AgentExecutor):
             if scope is not None:
                 scope.receipt = outcome.receipt
         await updater.failed(_agent_message(ctx, tid, outcome.message, meta))
+
+    async def _stream_to_task(self, updater: TaskUpdater, outcome: Delivered) -> bool:
+        """A delivered stream as the task's artifact, appended chunk by chunk; the task completes
+        (True) or, if the upstream broke after settlement, fails with the receipt (False)."""
+        assert outcome.stream is not None
+        ctx, tid = updater.context_id, updater.task_id
+        receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
+        artifact_id = str(uuid.uuid4())
+        count = 0
+        try:
+            async for chunk in outcome.stream:
+                await updater.add_artifact([_chunk_part(chunk)], artifact_id=artifact_id,
+                                           name="result", append=count > 0, last_chunk=False)
+                count += 1
+        except Exception as exc:  # noqa: BLE001 - the upstream broke after settlement
+            await updater.update_status(TaskState.TASK_STATE_FAILED, _agent_message(
+                ctx, tid, f"the result stream broke after {count} chunks "
+                          f"({type(exc).__name__}); the payment had settled: its receipt is "
+                          "attached", {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts,
+                                       "paywire.error": {"code": "stream_broken"}}),
+                metadata=_payer_grant(outcome))
+            return False
+        await updater.add_artifact([new_text_part("")], artifact_id=artifact_id, name="result",
+                                   append=True, last_chunk=True)
+        meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
+        await updater.update_status(TaskState.TASK_STATE_COMPLETED,
+                                    _agent_message(ctx, tid, "Done.", meta),
+                                    metadata=_payer_grant(outcome))
+        return True
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Reached only for a task `reserve_cancel` admitted (waiting for payment, nothing running):

@@ -17,13 +17,20 @@
 - A call paid with a header gets its receipt in `PAYMENT-RESPONSE` / `X-PAYMENT-RESPONSE`; a
   header payment that is refused turns the JSON-RPC answer into the HTTP 402 a plain x402
   client understands.
+- What enters passes the JSON-RPC edge first (agent/edge/rpc.py: bounded body and JSON, the
+  envelope's fields), then params are checked against the A2A SDK's own models (1.0 and 0.3) so a
+  refusal names the field and never quotes the caller's value. Errors are JSON-RPC in HTTP 200,
+  but where a plain HTTP client acts on the status (http_io.A2A_HTTP_STATUSES).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.json_format import ParseDict, ParseError
 from pydantic import ValidationError
 from starlette.requests import cookie_parser
 
@@ -42,10 +49,9 @@ from agent.a2a.messages import (
     parse_skill_call_json,
 )
 from agent.edge.http_io import (
-    InvalidJson,
+    HttpProblem,
     json_bytes,
     json_value,
-    parse_json,
     payment_from,
     receipt_headers,
     render,
@@ -59,6 +65,7 @@ from agent.edge.identity import (
     token_owner,
     verify_wallet_header,
 )
+from agent.edge.rpc import A2A_ENVELOPE, take_rpc
 from agent.pipeline.bazaar import HttpRoute
 from agent.pipeline.gateway import SKILL_DISABLED, CallRequest, Gateway, PaymentDemanded, Refused
 
@@ -103,42 +110,21 @@ class A2AHttpLayer:
         if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        body = b""
-        more = True
-        while more:
-            message = await receive()
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body:
-                await _send_json(send, 413, {"jsonrpc": "2.0", "id": None, "error": {
-                    "code": -32600, "message": f"request larger than {self.max_body} bytes"}})
-                return
+        post = await take_rpc(scope, receive, send, self.max_body, A2A_ENVELOPE)
+        if post is None:
+            return
+        rpc, method = post.message, post.method
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            rpc = parse_json(body)
-        except InvalidJson as exc:
-            # Refused here, before the SDK's own (unbounded) parse sees it.
-            await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32700, "message": f"parse error: {exc.message}"}})
-            return
-        if isinstance(rpc, dict) and not _plain_id(rpc.get("id")):
-            await _send_json(send, 400, {"jsonrpc": "2.0", "id": None, "error": {
-                "code": -32600, "message": "invalid request: 'id' must be a string, a whole "
-                                           "number of at most 64 bits, or null"}})
-            return
-        method = rpc.get("method") if isinstance(rpc, dict) else None
         try:
             principals, stripped = await self._principals(rpc, method, headers)
         except IdentityError as exc:
-            await _send_json(send, 401, {"jsonrpc": "2.0", "id": rpc.get("id") if isinstance(
-                rpc, dict) else None, "error": {"code": -32600, "message": str(exc)}})
+            await HttpProblem(401, "invalid_identity", str(exc), rpc_id=post.rpc_id).response(
+                scope["path"])(scope, receive, send)
             return
-        if stripped:  # the token came in the message's metadata: not stored with the message
-            body = json_bytes(rpc)
-        invalid = _invalid_v03_params(rpc, method)
-        if invalid is not None:  # the SDK would say -32600 (invalid request): it is -32602
-            await _send_json(send, 200, {"jsonrpc": "2.0", "id": rpc.get("id"), "error": {
-                "code": -32602, "message": invalid}})
+        invalid = invalid_params(rpc, method)
+        if invalid is not None:  # refused here: the SDK would quote the caller's value back
+            await HttpProblem(400, "invalid_params", invalid, rpc_code=-32602,
+                              rpc_id=post.rpc_id).response(scope["path"])(scope, receive, send)
             return
         if method in V1_METHODS and "a2a-version" not in headers:
             scope = {**scope, "headers": [*scope["headers"], (b"a2a-version", b"1.0")]}
@@ -146,7 +132,7 @@ class A2AHttpLayer:
             client = scope.get("client")
             quote = await self._quote_if_unpaid(rpc, headers, client[0] if client else None)
             if quote is not None:
-                response = render(quote)
+                response = render(quote, rpc_path=scope["path"], rpc_id=post.rpc_id)
                 await response(scope, receive, send)
                 return
         minted = None
@@ -156,18 +142,10 @@ class A2AHttpLayer:
         scope = {**scope, "state": {**scope.get("state", {}),
                                     OWNER_STATE: principals[0] if principals else NOBODY,
                                     PRINCIPALS_STATE: tuple(principals)}}
-
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
         pay_scope = HttpPaymentScope(payment=payment_from(headers))
         scope = {**scope, "state": {**scope["state"], PAYMENT_STATE: pay_scope}}
+        # the token came in the message's metadata: not stored with the message
+        replay = post.replay(receive, json_bytes(rpc) if stripped else None)
         await self.app(scope, replay, _PaymentAwareSend(
             send, pay_scope, scope, receive, minted, self._token_headers(minted),
             _activated_headers(headers)))
@@ -413,14 +391,17 @@ def _rewrite_event(chunk: bytes, token: str | None) -> bytes:
     return "".join(lines).encode()
 
 
-def _invalid_v03_params(rpc: Any, method: Any) -> str | None:
-    """For a 0.3 method name, why its params break the 0.3 schema (None if they do not, or if
-    the envelope itself is wrong: that stays the SDK's -32600). The message names the field,
-    never the value (it may be a secret)."""
+def invalid_params(rpc: dict[str, Any], method: str | None) -> str | None:
+    """Why a request's params break its method's model in the A2A SDK (0.3 names: pydantic; 1.0
+    names: protobuf, parsed as the SDK parses them), naming the field, never quoting the value (it
+    may be a secret); None when they fit, or for a method the SDK does not know (its -32601)."""
     from a2a.compat.v0_3.jsonrpc_adapter import JSONRPC03Adapter  # (a cycle in the SDK if first)
+    from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
 
-    model = JSONRPC03Adapter.METHOD_TO_MODEL.get(method) if isinstance(method, str) else None
-    if model is None or not isinstance(rpc, dict) or rpc.get("jsonrpc") != "2.0":
+    if method in JsonRpcDispatcher.METHOD_TO_MODEL:
+        return _invalid_v1_params(JsonRpcDispatcher.METHOD_TO_MODEL[method], rpc.get("params", {}))
+    model = JSONRPC03Adapter.METHOD_TO_MODEL.get(method)
+    if model is None:
         return None
     try:
         model.model_validate(rpc)
@@ -434,17 +415,40 @@ def _invalid_v03_params(rpc: Any, method: Any) -> str | None:
     return None
 
 
-def _plain_id(value: Any) -> bool:
-    """A JSON-RPC id the SDK and every client can carry: a string, an integer that fits 64 bits
-    (larger ones are not exact in JavaScript or protobuf), or null."""
-    if value is None or isinstance(value, str):
-        return len(value or "") <= 256
-    return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
+_PARSED_FIELD = re.compile(r"Failed to parse (\w+) field")  # protobuf's ParseError, per level
+_SCALARS = {FieldDescriptor.TYPE_STRING: "string", FieldDescriptor.TYPE_BYTES: "base64 string",
+            FieldDescriptor.TYPE_BOOL: "boolean", FieldDescriptor.TYPE_DOUBLE: "number",
+            FieldDescriptor.TYPE_FLOAT: "number"}
+_WELL_KNOWN = {"google.protobuf.Struct": "object", "google.protobuf.Value": "JSON value",
+               "google.protobuf.ListValue": "array", "google.protobuf.Timestamp": "timestamp"}
 
 
-async def _send_json(send: Any, status: int, body: dict[str, Any]) -> None:
-    raw = json_bytes(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(raw)).encode())]})
-    await send({"type": "http.response.body", "body": raw})
+def _invalid_v1_params(model: Any, params: Any) -> str | None:
+    """protobuf's ParseError quotes the value; this names the field path and its type instead."""
+    try:
+        ParseDict(params, model(), ignore_unknown_fields=True)
+    except ParseError as exc:
+        path = _PARSED_FIELD.findall(str(exc))
+        descriptor, field = model.DESCRIPTOR, None
+        for name in path:
+            field = descriptor.fields_by_camelcase_name.get(name) if descriptor else None
+            if field is None:
+                break
+            descriptor = field.message_type
+        where = ".".join(["params", *path])
+        return f"invalid params: {where} is not a valid {_type_name(field)}" if field else (
+            f"invalid params: {where} does not fit {model.DESCRIPTOR.name}")
+    return None
+
+
+def _type_name(field: FieldDescriptor) -> str:
+    """A protobuf field's JSON type, as a reader of the A2A schema knows it (Part, string...)."""
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        return "object"
+    if field.message_type is not None:
+        base = _WELL_KNOWN.get(field.message_type.full_name, field.message_type.name)
+    elif field.enum_type is not None:
+        base = f"{field.enum_type.name} ({', '.join(v.name for v in field.enum_type.values)})"
+    else:
+        base = _SCALARS.get(field.type, "whole number")
+    return f"list of {base}" if field.is_repeated else base

@@ -15,7 +15,6 @@ Base Sepolia USDC address, the devnet USDC mint), so a production gateway's quot
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +28,7 @@ from starlette.routing import Route
 from agent import hygiene
 from agent.devnet.http import routes as devnet_routes
 from agent.edge.http_io import edge_error
-from agent.serving import STARTUP_FAILURE, Server, uvicorn_config
+from agent.serving import STARTUP_FAILURE, CannotListen, Server, listen, uvicorn_config
 from payments.devnet import Devnet, DevnetNotInstalled, check_installed
 from payments.devnet.keys import KEYS_FILE, load_or_create_keys
 
@@ -97,12 +96,6 @@ def create_devnet_app(devnet: Devnet, base_url: str) -> Starlette:
     return app
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket: with port 0 the system picks a free one, and the URLs name it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=2048)
-
-
 def _url_host(host: str) -> str:
     host = _WILDCARD_HOSTS.get(host, host)
     return f"[{host}]" if ":" in host else host
@@ -141,11 +134,10 @@ def run(*, host: str, port: int, data_dir: Path, env_file: Path | None, public_u
         print(f"paywire devnet: {exc}", file=sys.stderr)
         return 2
     hygiene.configure_logging(log_level)
-    try:
-        sock = _listen(host, port)
-    except OSError as exc:
-        print(f"paywire devnet: cannot listen on {host}:{port}: {exc.strerror or exc}",
-              file=sys.stderr)
+    try:  # with port 0 the system picks a free one, and the URLs name it
+        sock = listen(host, port, port_setting="--port (0 picks a free one)")
+    except CannotListen as exc:
+        print(f"paywire devnet: {exc}", file=sys.stderr)
         return STARTUP_FAILURE
     base_url = (public_url or f"http://{_url_host(host)}:{sock.getsockname()[1]}").rstrip("/")
     devnet = Devnet(load_or_create_keys(data_dir))

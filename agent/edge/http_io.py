@@ -1,13 +1,16 @@
-"""HTTP plumbing every face shares: bounded body reading, payment headers in, outcomes out."""
+"""HTTP plumbing every face shares: bounded body reading, payment headers in, outcomes out, errors
+in the face's shape, the Origin check."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from agent.edge.origins import origin_of
 from agent.pipeline.gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
 from payments.codec import (
     PAYMENT_HEADERS,
@@ -17,6 +20,7 @@ from payments.codec import (
     encode_receipt,
     v1_body,
 )
+from payments.payer_mistakes import how_to_pay, misplaced_payment
 from skills import wire_json
 
 json_bytes = wire_json.dumps  # JSON as faces send it: compact UTF-8, one codec for every face
@@ -29,10 +33,16 @@ class HttpProblem(Exception):
     in the face's shape (`edge_error`)."""
 
     def __init__(self, status: int, code: str, message: str, param: str | None = None,
-                 rpc_code: int = -32600) -> None:
+                 rpc_code: int = -32600, rpc_id: str | int | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param = status, code, message, param
         self.rpc_code = rpc_code  # the JSON-RPC error code, on the JSON-RPC faces
+        self.rpc_id = rpc_id  # the request's id there, once it is known to be a valid one
+
+    def response(self, path: str, headers: Mapping[str, str] | None = None) -> Response:
+        """This refusal as `path`'s face answers it (`edge_error`)."""
+        return edge_error(path, self.status, self.code, self.message, self.param, self.rpc_code,
+                          self.rpc_id, headers)
 
 
 class BodyTooLarge(Exception):
@@ -83,32 +93,45 @@ async def read_json_object(request: Request, limit: int, *, param: str | None = 
                            ) -> dict[str, Any]:
     """The body as a JSON object (an empty body is `{}`), or HttpProblem: 413 past `limit`
     bytes, 400 for malformed JSON, a structural limit or another JSON type."""
-    try:
-        body = await read_json(request, limit, empty={})
-    except BodyTooLarge as exc:
-        raise HttpProblem(413, "body_too_large", f"{exc}; send at most {exc.limit} bytes", param,
-                          -32600) from None
-    except InvalidJson as exc:
-        raise HttpProblem(400, exc.code, exc.message, param, -32700) from None
+    body = body_json(await read_limited(request, limit, param=param), param=param, empty={})
     if not isinstance(body, dict):
         raise HttpProblem(400, "invalid_body",
                           f"the body must be a JSON object, got {type(body).__name__}", param)
     return body
 
 
+async def read_limited(request: Request, limit: int, *, param: str | None = None) -> bytes:
+    """The body, or HttpProblem 413 past `limit` bytes (PAYWIRE_MAX_BODY_BYTES)."""
+    try:
+        return await read_body(request, limit)
+    except BodyTooLarge as exc:
+        raise HttpProblem(413, "body_too_large", f"{exc}; send at most {exc.limit} bytes "
+                          "(PAYWIRE_MAX_BODY_BYTES sets the limit)", param, -32600) from None
+
+
+def body_json(raw: bytes, *, param: str | None = None, empty: Any = None) -> Any:
+    """A body's bounded JSON (`empty` for a blank one), or HttpProblem 400 (JSON-RPC -32700) for
+    malformed JSON or a structural limit."""
+    try:
+        return _json_or(raw, empty)
+    except InvalidJson as exc:
+        raise HttpProblem(400, exc.code, exc.message, param, -32700) from None
+
+
 async def read_json(request: Request, limit: int, *, empty: Any = None) -> Any:
     """The request body parsed as bounded JSON; `empty` stands for an empty (or blank) body.
     Raises BodyTooLarge or InvalidJson."""
-    raw = await read_body(request, limit)
-    if not raw.strip():
-        return empty
-    return parse_json(raw)
+    return _json_or(await read_body(request, limit), empty)
+
+
+def _json_or(raw: bytes, empty: Any) -> Any:
+    return empty if not raw.strip() else parse_json(raw)
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing more than `limit` bytes without reading them all."""
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(limit)
     chunks: list[bytes] = []
     size = 0
@@ -129,12 +152,14 @@ def client_address(request: Request) -> str | None:
 def payment_from(headers: Mapping[str, str]) -> Payment | None:
     """The payment a request carries in `PAYMENT-SIGNATURE` or `X-PAYMENT` (the first one set),
     decoded once here. `headers` must look names up case-insensitively (Starlette's do; a
-    plain dict must hold lower-case names)."""
+    plain dict must hold lower-case names). A payment in another header is `misplaced`: the
+    pipeline's 402 says where it goes (payments/payer_mistakes.py)."""
     for name in PAYMENT_HEADERS:
         value = headers.get(name) or headers.get(name.lower())
         if value is not None and value.strip():
             return Payment.from_header(name, value.strip())
-    return None
+    found = misplaced_payment(headers)
+    return None if found is None else Payment(None, found.message, found.header, misplaced=True)
 
 
 def error_body(status: int, code: str, message: str, param: str | None) -> dict[str, Any]:
@@ -147,24 +172,41 @@ def error_body(status: int, code: str, message: str, param: str | None) -> dict[
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-JSON_RPC_PATHS = frozenset({"/a2a", "/devnet/evm", "/devnet/solana"})
+JSON_RPC_PATHS = frozenset({"/a2a", "/mcp", "/devnet/evm", "/devnet/solana"})
+# On /a2a a JSON-RPC error is an HTTP 200, as the A2A SDK answers its own (and the A2A TCK
+# expects); the status says something else only where a plain HTTP client acts on it: prove who
+# you are (401), pay (402, x402's body), a page's Origin refused (403), use POST (405), retry
+# later (429; 503 with Retry-After), and our own failure (5xx). /mcp keeps the MCP transport's
+# statuses (400 for a message it cannot take, as the MCP SDK answers), the devnet's RPC its own.
+A2A_HTTP_STATUSES = frozenset({401, 402, 403, 405, 429})
+
+
+def rpc_status(path: str, status: int) -> int:
+    """The HTTP status of a JSON-RPC error answered on `path` (see A2A_HTTP_STATUSES)."""
+    if path.rstrip("/") == "/a2a" and status < 500 and status not in A2A_HTTP_STATUSES:
+        return 200
+    return status
 
 
 def edge_error(path: str, status: int, code: str, message: str, param: str | None = None,
-               rpc_code: int | None = None) -> Response:
+               rpc_code: int | None = None, rpc_id: str | int | None = None,
+               headers: Mapping[str, str] | None = None) -> Response:
     """Every error a face answers itself (a refused request, no route, wrong method, a bug), in
-    the shape of the face the path belongs to: JSON-RPC on the JSON-RPC endpoints, the
-    marketplace's `success: false` on its routes, OpenAI's everywhere else. The one error
-    shaper: pipeline refusals go through `render`, which uses the same `error_body`."""
+    the shape of the face the path belongs to: JSON-RPC on the JSON-RPC endpoints (`rpc_id`: the
+    request's, when known), the marketplace's `success: false` on its routes, OpenAI's everywhere
+    else. The one error shaper: pipeline refusals go through `render`, which uses it too."""
     if path.rstrip("/") in JSON_RPC_PATHS:
         if rpc_code is None:
             rpc_code = -32603 if status >= 500 else -32600
-        return JSONResponse({"jsonrpc": "2.0", "id": None,
-                             "error": {"code": rpc_code, "message": message}}, status)
+        # `data` carries paywire's stable code (and the field at fault), never the caller's text
+        data: dict[str, Any] = {"code": code, "status": status} | ({"param": param} if param else {})
+        return JSONResponse({"jsonrpc": "2.0", "id": rpc_id,
+                             "error": {"code": rpc_code, "message": message, "data": data}},
+                            rpc_status(path, status), dict(headers or {}))
     body = error_body(status, code, message, param)
     if path.startswith(("/api/marketplace", "/v1/marketplace")):
         body = {"success": False} | body
-    return JSONResponse(body, status)
+    return JSONResponse(body, status, dict(headers or {}))
 
 
 def timing_headers(outcome: Outcome) -> dict[str, str]:
@@ -176,8 +218,13 @@ def receipt_headers(receipt: Any) -> dict[str, str]:
     return {name: value for name in RECEIPT_HEADERS}
 
 
-def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None) -> Response:
-    """An Outcome as an HTTP response: 200 with receipt, 402 with the quote, or an error."""
+def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None,
+           rpc_path: str | None = None, rpc_id: str | int | None = None,
+           payment_help: bool = False) -> Response:
+    """An Outcome as an HTTP response: 200 with receipt, 402 with the quote, or an error (as a
+    JSON-RPC error when it answers a request on the JSON-RPC path `rpc_path`). `payment_help`:
+    a 402's body also says how to pay in `message`, where OpenAI's clients read an error's text
+    (x402 v1 keeps `error` a string, which they do not read)."""
     headers = timing_headers(outcome)
     if isinstance(outcome, Delivered):
         result = outcome.result
@@ -195,6 +242,9 @@ def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None) -> 
         if outcome.reason:
             body["error"] = outcome.message or outcome.reason
             body["reason"] = outcome.reason
+        if payment_help:
+            how = how_to_pay(outcome.required)
+            body["message"] = f"{body['error']}. {how}" if body.get("error") else how
         return JSONResponse(body, 402, headers)
     assert isinstance(outcome, Refused)
     if outcome.retry_after is not None:
@@ -204,7 +254,47 @@ def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None) -> 
     if outcome.raw is not None:
         raw, media_type = outcome.raw
         return Response(raw, outcome.status, headers, media_type)
+    if rpc_path is not None:
+        return edge_error(rpc_path, outcome.status, outcome.code, outcome.message, outcome.param,
+                          rpc_id=rpc_id, headers=headers)
     body = error_body(outcome.status, outcome.code, outcome.message, outcome.param)
     if error_wrapper is not None:
         body = error_wrapper | body
     return JSONResponse(body, outcome.status, headers)
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+ORIGIN_CHECKED_PATHS = frozenset({"/mcp"})  # every method: MCP's transport says so
+
+
+class OriginGuard:
+    """ASGI layer: a browser request from an origin not allowed (agent/edge/origins.py) gets a
+    403 in the face's shape before any face reads it. Checked: every request that acts (any
+    method but GET, HEAD and OPTIONS) on every route, and all of /mcp. Public reads stay open to
+    any page (the agent card and discovery answer with `Access-Control-Allow-Origin: *`)."""
+
+    def __init__(self, app: Any, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or (scope["method"] in SAFE_METHODS
+                                       and scope["path"].rstrip("/") not in ORIGIN_CHECKED_PATHS):
+            await self.app(scope, receive, send)
+            return
+        origin = Headers(scope=scope).get("origin")
+        if origin is None or self._allowed(origin):
+            await self.app(scope, receive, send)
+            return
+        refusal = edge_error(
+            scope["path"], 403, "origin_not_allowed",
+            f"a page from {origin[:100]!r} may not call this gateway (Origin refused: DNS-rebinding "
+            "protection); serve it from the gateway's own origin, or list its origin in "
+            "PAYWIRE_ALLOWED_ORIGINS", "Origin")
+        await refusal(scope, receive, send)
+
+    def _allowed(self, origin: str) -> bool:
+        try:
+            return origin_of(origin) in self.allowed
+        except ValueError:  # "null" (a sandboxed page, a file) or garbage
+            return False

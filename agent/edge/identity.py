@@ -3,8 +3,9 @@ the holder of a task token.
 
 paywire has no accounts. A caller proves an identity in one of two ways:
 - a wallet, by signing a short-lived SIWX message (EIP-4361 for EVM, SIWS for Solana) for this
-  gateway's origin. The SDK parses and validates the header; signatures are checked here because
-  the SDK's EVM path needs `signinwithethereum`, which pins web3 < 8 and eth-account < 0.14;
+  gateway's origin. The header is read by payments.codec (bounded, like every x402 header), the
+  SDK validates the message; signatures are checked here because the SDK's EVM path needs
+  `signinwithethereum`, which pins web3 < 8 and eth-account < 0.14;
 - a task token: a random secret (the gateway mints one for a caller who has neither), proven by
   presenting it. Only its SHA-256 is kept (as the owner key `token:<hex>`); never log the token.
 """
@@ -20,10 +21,11 @@ from eth_account import Account
 from eth_account.messages import encode_defunct
 from solders.pubkey import Pubkey
 from solders.signature import Signature
-from x402.extensions.sign_in_with_x import parse_siwx_header, validate_siwx_message
+from x402.extensions.sign_in_with_x import validate_siwx_message
 from x402.extensions.sign_in_with_x.solana import decode_base58
 
-SIWX_HEADER = "SIGN-IN-WITH-X"
+from payments.codec import SIWX_HEADER, PaymentHeaderError, decode_siwx_header
+
 TASK_TOKEN_HEADER = "Paywire-Task-Token"
 TASK_TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,256}")
 
@@ -93,9 +95,9 @@ def _signature_ok(payload: Any) -> bool:
 async def verify_wallet_header(value: str, expected_origin: str) -> str:
     """The owner key proven by a SIGN-IN-WITH-X header value, or IdentityError."""
     try:
-        payload = parse_siwx_header(value.strip())
-    except ValueError as exc:
-        raise IdentityError(f"{SIWX_HEADER}: {exc}") from None
+        payload = decode_siwx_header(value.strip())
+    except PaymentHeaderError as exc:
+        raise IdentityError(exc.message) from None
     checked = await validate_siwx_message(payload, expected_origin.rstrip("/"))
     if not checked.is_valid:
         raise IdentityError(f"{SIWX_HEADER}: {checked.invalid_message or checked.invalid_reason}")

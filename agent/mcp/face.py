@@ -21,8 +21,10 @@ REST and A2A: the same payment again gets the kept result, never a second charge
 operations run non-streamed here (a tool result is whole); `stream: true` is refused naming it.
 
 Stateless streamable HTTP with JSON answers: every POST stands alone (no session to pin to a
-replica, nothing to resume); the body is bounded and its JSON structure checked before the SDK
-parses it, as on every other face.
+replica, nothing to resume). What enters passes the JSON-RPC edge first (agent/edge/rpc.py: the
+body bounded, its JSON structure and envelope checked before the SDK parses it; a browser's Origin
+checked by http_io.OriginGuard), and a request for a method MCP does not have is -32601 here (the
+SDK's request model would refuse it as -32602).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from mcp import types
 from mcp.server.lowlevel import Server
@@ -44,7 +46,8 @@ from starlette.requests import Request
 from starlette.routing import Route
 from x402.extensions.bazaar import BAZAAR, DeclareMcpDiscoveryConfig, declare_mcp_discovery_extension
 
-from agent.edge.http_io import InvalidJson, client_address, json_bytes, json_value, parse_json
+from agent.edge.http_io import HttpProblem, client_address, json_bytes, json_value
+from agent.edge.rpc import MCP_ENVELOPE, take_rpc
 from agent.pipeline.catalogue import HELP_SKILL
 from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, Payment, PaymentDemanded, Refused
 from agent.pipeline.price_terms import PriceTerms, route_terms
@@ -69,6 +72,7 @@ TIMINGS_STATE = "paywire_mcp_timings"  # request state: the pipeline's stage tim
 UPLOAD_OPERATIONS = frozenset({"audio.transcriptions", "audio.translations", "images.edits"})
 _STREAM_FIELDS = frozenset({"stream", "stream_options"})  # REST only: a tool result is whole
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what MCP clients accept as a tool name
+_CURSOR = re.compile(r"[0-9]{1,9}")  # a cursor this server gave: a tool index, ASCII digits only
 _EXAMPLE_CHARS = 600  # an example longer than this stays out of the description (it is in _meta)
 INSTRUCTIONS = (
     "paywire sells AI models and data resources per call, paid in USDC with x402 on Base or Solana. "
@@ -165,46 +169,28 @@ class McpFace:
     # ---- HTTP -------------------------------------------------------------------------------------
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Bounds the body and checks its JSON structure before the SDK parses it (its stdlib parse
-        recurses without a depth limit); passes the pipeline's stage timings out as Server-Timing."""
+        """Passes the POST through the JSON-RPC edge before the SDK (its stdlib parse recurses
+        without a depth limit); passes the pipeline's stage timings out as Server-Timing."""
         if scope["method"] != "POST":
             # Stateless: no session to resume or end (DELETE), nothing the server sends unasked
             # (the GET stream would stay open, idle, for as long as the client likes).
-            await _send_json(send, 405, _rpc_error(-32600, f"{scope['method']} is not served on /mcp: "
-                                                   "send JSON-RPC requests with POST (stateless)"),
-                             [(b"allow", b"POST")])
+            await HttpProblem(405, "method_not_allowed", f"{scope['method']} is not served on "
+                              "/mcp: send JSON-RPC requests with POST (stateless)").response(
+                scope["path"], {"Allow": "POST"})(scope, receive, send)
             return
         started = time.perf_counter()
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_body:
-            await _send_json(send, 413, _too_large(self.max_body))
+        post = await take_rpc(scope, receive, send, self.max_body, MCP_ENVELOPE)
+        if post is None:
             return
-        body = bytearray()
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > self.max_body:
-                await _send_json(send, 413, _too_large(self.max_body))
-                return
-        try:
-            parse_json(bytes(body))
-        except InvalidJson as exc:
-            await _send_json(send, 400, _rpc_error(-32700, f"parse error: {exc.message}"))
+        if "id" in post.message and post.method is not None and post.method not in MCP_METHODS:
+            # answered as the SDK answers a request it took: a JSON-RPC error in a 200
+            await HttpProblem(200, "method_not_found", "method not found: not an MCP request "
+                              "method (this server serves initialize, ping, tools/list and "
+                              "tools/call)", rpc_code=types.METHOD_NOT_FOUND,
+                              rpc_id=post.rpc_id).response(scope["path"])(scope, receive, send)
             return
         holder: list[Timings] = []
         scope = {**scope, "state": {**scope.get("state", {}), TIMINGS_STATE: holder}}
-        replayed = False
-
-        async def replay() -> Any:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
 
         async def timed_send(message: Any) -> None:
             if message["type"] == "http.response.start" and holder:
@@ -215,24 +201,23 @@ class McpFace:
                 message = {**message, "headers": [*message.get("headers", []), (b"server-timing", timing)]}
             await send(message)
 
-        await self.manager.handle_request(scope, replay, timed_send)
+        await self.manager.handle_request(scope, post.replay(receive), timed_send)
 
     # ---- tools/list ---------------------------------------------------------------------------------
 
     def table(self) -> ToolTable:
-        """The tools, rebuilt only when the registry grew."""
+        """The tools, rebuilt only when the registry grew or the operator's switches changed."""
         table = self._table
-        if table is None or table.size != len(self.catalogue):
+        if table is None or table.size != self.catalogue.generation:
             table = self._table = self._build_table()
         return table
 
     def _build_table(self) -> ToolTable:
-        table = ToolTable(size=len(self.catalogue))
+        table = ToolTable(size=self.catalogue.generation)
         by_operation: dict[str, list[Skill]] = {}
         for skill in self.catalogue.all():
             if skill.kind == "model":
-                info = skill.info() if skill.info else {}
-                if info.get("available", True):  # its provider is configured here
+                if self.catalogue.available(skill):  # configured here, not switched off
                     for op in skill.operations:
                         if op not in UPLOAD_OPERATIONS:
                             by_operation.setdefault(op, []).append(skill)
@@ -249,7 +234,8 @@ class McpFace:
                 tool = self._skill_tool(name, skill)
                 example = skill.examples[0] if skill.examples else None
                 table.targets[name] = ToolTarget(name, skill=skill, extensions=_bazaar(tool, example))
-                table.tools.append(tool)
+                if self.catalogue.available(skill):  # listed when a call can buy it (else: its 503)
+                    table.tools.append(tool)
         # the help tool first: what a client (and its user) should look at before anything else
         table.tools.sort(key=lambda t: t.name != HELP_SKILL)
         return table
@@ -301,10 +287,10 @@ class McpFace:
         cursor = req.params.cursor if req is not None and req.params is not None else None
         start = 0
         if cursor is not None:
-            if not cursor.isdigit() or not 0 < int(cursor) < len(tools):
+            if not _CURSOR.fullmatch(cursor) or not 0 < int(cursor) < len(tools):
                 raise McpError(types.ErrorData(
                     code=types.INVALID_PARAMS,
-                    message=f"cursor '{cursor[:40]}' is not one this server gave; list again without one"))
+                    message="'cursor' is not one this server gave; list again without one"))
             start = int(cursor)
         end = start + TOOLS_PER_PAGE
         return types.ServerResult(types.ListToolsResult(
@@ -368,6 +354,15 @@ class McpFace:
                                 else "unsupported_model", f"'{model[:100]}' is not a model this tool "
                                 f"runs on this gateway; its `model` enum lists them", "model")
         return skill
+
+
+def _request_methods() -> frozenset[str]:
+    """Every request method the MCP SDK's `ClientRequest` model takes (initialize, tools/call...)."""
+    union = types.ClientRequest.model_fields["root"].annotation
+    return frozenset(get_args(kind.model_fields["method"].annotation)[0] for kind in get_args(union))
+
+
+MCP_METHODS = _request_methods()
 
 
 class WithoutMessages(logging.Filter):
@@ -497,21 +492,3 @@ def _json_or_text(raw: bytes, media_type: str, *, binary_ok: bool = False) -> An
         return types.AudioContent(type="audio", data=data, mimeType=kind)
     return types.EmbeddedResource(type="resource", resource=types.BlobResourceContents(
         uri="paywire://result", blob=data, mimeType=kind or "application/octet-stream"))
-
-
-def _too_large(limit: int) -> dict[str, Any]:
-    return _rpc_error(-32600, f"request larger than {limit} bytes; send at most {limit} "
-                              "(PAYWIRE_MAX_BODY_BYTES sets the limit)")
-
-
-def _rpc_error(code: int, message: str) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-
-
-async def _send_json(send: Any, status: int, body: dict[str, Any],
-                     headers: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
-    raw = json_bytes(body)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(raw)).encode()), *headers]})
-    await send({"type": "http.response.body", "body": raw})

@@ -20,18 +20,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import mcp.types as types
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared.exceptions import McpError
 from x402.mcp.types import MCPToolResult
 from x402.mcp.utils import (
@@ -43,14 +46,31 @@ from x402.mcp.utils import (
 from x402.schemas import PaymentRequired, PaymentRequiredV1, SettleResponse
 
 from agent.version import VERSION
+from payments.client_limits import (
+    DEFAULT_LIMITS,
+    NO_COMPRESSION,
+    AnswerTooLarge,
+    ClientLimits,
+    mib,
+    read_bounded,
+    refuse_compressed,
+)
 from payments.money import display_usd, usd_to_atomic
-from payments.payer import PayerKeys, PayError, choose_option, sign_payment, usd_value
-from payments.spend_caps import OverCap, SpendLedger, expiry, micros_usd, usd_micros
+from payments.payer import (
+    PayerKeys,
+    PayError,
+    choose_option,
+    sign_payment,
+    signed_validity,
+    usd_value,
+    validity_note,
+)
+from payments.spend_caps import OverCap, SpendLedger, expiry, micros_usd, usd_micros, utc_now
 
 log = logging.getLogger("paywire.mcp")
 
 PROBE_TIMEOUT = timedelta(seconds=120)  # an unpaid call: the tool runs, or the quote comes back
-LONGEST_PAID_WAIT = 600  # seconds; a paid call waits the quote's maxTimeoutSeconds, up to this
+LONGEST_PAID_WAIT = 600  # seconds; a paid call waits as long as its payment is valid, up to this
 MAX_ARGUMENT_BYTES = 1024 * 1024  # a tool call's arguments, as JSON, before anything is sent
 
 
@@ -72,6 +92,7 @@ class ProxyConfig:
     ledger_path: Path
     network: str | None = None  # "evm" | "solana" | a network id; None: the first payable
     solana_rpc_url: str | None = None
+    limits: ClientLimits = DEFAULT_LIMITS  # what the remote is allowed (validity, answer sizes)
 
 
 def _result(text: str) -> types.CallToolResult:
@@ -169,22 +190,27 @@ class PayingProxy:
                 f"(UTC {over.day}) {display_usd(micros_usd(over.spent_micros))} is already spent of "
                 f"the daily cap {display_usd(caps.per_day)}. Raise it with --max-per-day or "
                 "PAYWIRE_MCP_MAX_PER_DAY, or wait for the next UTC day. Nothing was signed.")
+        max_validity = config.limits.max_validity_seconds
+        note = validity_note(chosen, max_validity)
+        if note:
+            log.warning("%s: %s", name, note)
         try:
-            payload = await sign_payment(required, chosen, config.keys, config.solana_rpc_url)
+            payload = await sign_payment(required, chosen, config.keys, config.solana_rpc_url,
+                                         max_validity)
         except BaseException as exc:
             await asyncio.to_thread(self.ledger.release, row)
             if isinstance(exc, Exception):
                 log.warning("signing a payment for %s failed: %s", name, type(exc).__name__)
+                why = str(exc) if isinstance(exc, PayError) else type(exc).__name__
                 return _result(f"paywire mcp: not paid: the payment could not be signed "
-                               f"({type(exc).__name__}). Nothing was charged.")
+                               f"({why}). Nothing was charged.")
             raise
-        signed_at = datetime.now(UTC)
+        validity = signed_validity(chosen, max_validity)
         await asyncio.to_thread(
             self.ledger.mark_signed, row, payer=_payer_address(config.keys, network),
-            expires_at=expiry(signed_at, getattr(chosen, "max_timeout_seconds", None),
-                              _valid_before(payload)))
+            expires_at=expiry(utc_now(), validity, _valid_before(payload)))
         params = attach_payment_to_meta({"name": name, "arguments": arguments}, payload)
-        wait = min(max(int(getattr(chosen, "max_timeout_seconds", 0) or 0), 60), LONGEST_PAID_WAIT)
+        wait = min(max(validity, 60), LONGEST_PAID_WAIT)
         try:
             paid = await self.session.call_tool(name, arguments, meta=params["_meta"],
                                                 read_timeout_seconds=timedelta(seconds=wait))
@@ -255,26 +281,123 @@ def build_server(proxy: PayingProxy, upstream: types.InitializeResult) -> Server
     return server
 
 
+@asynccontextmanager
+async def connect(config: ProxyConfig) -> AsyncIterator[tuple[PayingProxy, types.InitializeResult]]:
+    """The proxy over an initialized session with the remote server, and the remote's own
+    introduction. Every answer of the remote is read within the client's limits (`BoundedAnswers`)."""
+    ledger = await asyncio.to_thread(SpendLedger, config.ledger_path)
+    async with AsyncExitStack() as stack:
+        http = await stack.enter_async_context(httpx.AsyncClient(
+            timeout=httpx.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+            headers=NO_COMPRESSION, transport=BoundedAnswers(config.limits.answer_bytes)))
+        read, write, _ = await stack.enter_async_context(
+            streamable_http_client(config.server_url, http_client=http))
+        session = await stack.enter_async_context(ClientSession(read, write))
+        upstream = await asyncio.wait_for(session.initialize(), timeout=30)
+        yield PayingProxy(config, session, ledger), upstream
+
+
 async def serve_stdio(config: ProxyConfig) -> None:
     """Connect to the remote server, then serve MCP on stdin/stdout until stdin closes.
     ProxyError (one line) when the remote cannot be reached, or the link to it breaks."""
-    ledger = await asyncio.to_thread(SpendLedger, config.ledger_path)
     connected = False
     try:
-        async with AsyncExitStack() as stack:
-            read, write, _ = await stack.enter_async_context(streamable_http_client(config.server_url))
-            session = await stack.enter_async_context(ClientSession(read, write))
-            upstream = await asyncio.wait_for(session.initialize(), timeout=30)
+        async with connect(config) as (proxy, upstream):
             connected = True
             log.info("connected to %s (%s); caps %s a call, %s a day; ledger %s", config.server_url,
                      upstream.serverInfo.name, display_usd(config.caps.per_call),
                      display_usd(config.caps.per_day), config.ledger_path)
-            server = build_server(PayingProxy(config, session, ledger), upstream)
+            server = build_server(proxy, upstream)
             async with stdio_server() as (stdin, stdout):
                 await server.run(stdin, stdout, server.create_initialization_options())
     except Exception as exc:  # the transport's task group raises what broke it: one line, no traceback
         what = "lost the connection to" if connected else "cannot reach"
         raise ProxyError(f"{what} the MCP server at {config.server_url}: {_reason(exc)}") from None
+
+
+class BoundedAnswers(httpx.AsyncBaseTransport):
+    """The remote's answers, one message at most `limit` bytes, never compressed
+    (payments/client_limits.py). The MCP SDK reads a JSON answer whole and an SSE stream event by
+    event, and, when a read fails, leaves the request waiting out its timeout: so an answer over
+    the limit is turned into a JSON-RPC error for its request (a JSON answer: in its place; an
+    SSE event: ending the stream), and the tool call answers at once, naming the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        streamed = response.headers.get("Content-Type", "").lower().startswith("text/event-stream")
+        try:
+            if streamed:
+                refuse_compressed(response.headers)
+                events = _BoundedEvents(response, self._limit, request)
+                return httpx.Response(response.status_code, headers=response.headers, stream=events,
+                                      extensions=response.extensions)
+            body = await read_bounded(response, self._limit)
+        except AnswerTooLarge as exc:
+            await response.aclose()
+            request_id = _request_id(request)
+            if request_id is None:
+                raise
+            return httpx.Response(200, json=_refusal(request_id, exc))
+        await response.aclose()
+        return httpx.Response(response.status_code, headers=response.headers, content=body,
+                              extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _BoundedEvents(httpx.AsyncByteStream):
+    """An SSE stream passed on an event at a time, each at most `limit` bytes; the first over it
+    is dropped, and the stream ends with a JSON-RPC error event for the request it answers (when
+    it answers one): the SDK never parses half an event."""
+
+    _BLANK_LINES = (b"\n\n", b"\r\r", b"\r\n\r\n")  # where an event ends
+
+    def __init__(self, response: httpx.Response, limit: int, request: httpx.Request) -> None:
+        self._response = response
+        self._limit = limit
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        held = bytearray()  # the event being received
+        async for chunk in self._response.aiter_raw():
+            searched = max(len(held) - 3, 0)  # a blank line may straddle two chunks
+            held += chunk
+            found = [(held.rfind(blank, searched), len(blank)) for blank in self._BLANK_LINES]
+            end = max((at + size for at, size in found if at >= 0), default=0)
+            if end:
+                yield bytes(held[:end])
+                del held[:end]
+            if len(held) > self._limit:
+                request_id = _request_id(self._request)
+                if request_id is not None:
+                    error = _refusal(request_id, AnswerTooLarge(
+                        f"an event of the answer is over the client's limit of {mib(self._limit)}"))
+                    yield b"event: message\r\ndata: " + json.dumps(error).encode() + b"\r\n\r\n"
+                return
+        if held:
+            yield bytes(held)
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+def _request_id(request: httpx.Request) -> Any:
+    """The JSON-RPC id of the request an answer is for (None: a notification, or a GET)."""
+    try:
+        message = json.loads(request.content) if request.method == "POST" else None
+    except (ValueError, httpx.RequestNotRead):
+        return None
+    return message.get("id") if isinstance(message, dict) else None
+
+
+def _refusal(request_id: Any, exc: AnswerTooLarge) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": {
+        "code": -32603, "message": f"paywire mcp: the server's answer was not read: {exc}"}}
 
 
 def _reason(exc: BaseException) -> str:

@@ -41,10 +41,9 @@ from x402.extensions.bazaar import (
     declare_discovery_extension,
 )
 
-from agent.pipeline.catalogue import Catalogue
+from agent.pipeline.catalogue import Catalogue, sellable
 from agent.pipeline.price_terms import PriceTerms
 from skills import wire_json
-from skills.errors import SkillUnavailableError
 from skills.skill import Skill
 
 log = logging.getLogger(__name__)
@@ -227,20 +226,6 @@ class Bazaar:
         if price is not None:
             info["price"] = price
         return ext
-
-
-def sellable(skill: Skill) -> bool:
-    """Can a call of `skill` be bought on this gateway now: a model one of whose providers is
-    configured, a resource whose key is set (its `ready` does not refuse)? The others answer 503
-    before any quote, so discovery does not list them."""
-    if skill.kind == "model":
-        return bool((skill.info() if skill.info else {}).get("available", True))
-    if skill.ready is not None:
-        try:
-            skill.ready()
-        except SkillUnavailableError:
-            return False
-    return True
 
 
 @dataclass(frozen=True)

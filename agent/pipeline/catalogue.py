@@ -1,36 +1,127 @@
-"""What the faces show of the skills for sale: the registry, read-only, and each price as text.
+"""What the faces show of the skills for sale: the registry, read-only, each price as text, and
+whether each can be bought here now.
 
 Faces (the marketplace catalogue, /v1/models, the agent card, help) list skills; they get this
-narrow view instead of the gateway's registry, and never format money themselves."""
+narrow view instead of the gateway's registry, and never format money themselves.
+
+Availability is decided here, once, by the rule a call follows before its quote: a skill the
+operator switched off answers 503 (`skill_disabled`), and so does one that cannot run as this
+gateway is configured (its `ready` or, for a model, every provider lacking its key or base URL:
+`skill_unavailable`). Listings for people (the marketplace catalogue, the catalogue page) show
+such a skill with `available: false` and the reason; listings for machines that would buy it (x402
+discovery, MCP `tools/list`, the agent card) leave it out."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from agent.pipeline.price_terms import PaymentOption, PriceTerms, price_terms, route_terms
 from payments.controls import Controls
 from payments.money import display_usd
+from skills.errors import SkillUnavailableError
 from skills.help import HELP_SKILL as HELP_SKILL  # the free help skill's id, for the faces
 from skills.models.model_skills import OPERATION_FIELDS
 from skills.registry import SkillRegistry
 from skills.skill import Skill
 
+_CALL_TAIL = "; nothing was charged"  # what a refused call adds; a listing charges nobody
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a call of a skill can be bought here now; if not, why and what would enable it
+    (the reason its 503 gives)."""
+
+    available: bool
+    reason: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"available": self.available, **({"reason": self.reason} if self.reason else {})}
+
+
+AVAILABLE = Availability(True)
+
+
+def unconfigured(skill: Skill) -> str | None:
+    """Why `skill` cannot run on this gateway as configured, or None when it can: a model none of
+    whose providers has its key (or base URL), a resource whose `ready` refuses (a key or setting
+    missing). Such a call answers 503 before any quote, so nobody pays for it; the reason is that
+    answer's, from the same check (a model's refusing pricer, a resource's `ready`)."""
+    if skill.kind == "model":
+        if (skill.info() if skill.info else {}).get("available", True):
+            return None
+        # an unavailable model's pricer refuses any body, naming what would enable it
+        return _refusal(lambda: skill.operation().pricer({})) or "not configured on this gateway"
+    return _refusal(skill.ready) if skill.ready is not None else None
+
+
+def _refusal(check: Callable[[], object]) -> str | None:
+    """The 503 `check` raises, without what a refused call adds; None when it passes."""
+    try:
+        check()
+    except SkillUnavailableError as exc:
+        return str(exc).removesuffix(_CALL_TAIL)
+    return None
+
+
+def sellable(skill: Skill) -> bool:
+    """Can a call of `skill` run here as configured (the operator's switches aside)?"""
+    return unconfigured(skill) is None
+
 
 class Catalogue:
     """The skills for sale, in registry order. The registry only grows, so its size identifies
-    its state (faces cache what they render from it by that)."""
+    its state (faces cache what they render from it by that; `generation` also counts the
+    operator's switches, for what shows availability)."""
 
     def __init__(self, registry: SkillRegistry, controls: Controls | None = None,
                  payment_options: Sequence[PaymentOption] = ()) -> None:
         self._registry = registry
         self._controls = controls
         self.payment_options = tuple(payment_options)  # the networks and assets a payment may use
+        # why each skill cannot run as configured (None: it can), per registry size: the settings
+        # a skill reads are fixed at startup, and a resource's model may be registered after it
+        self._problems: tuple[int, dict[str, str | None]] = (-1, {})
 
-    def available(self, skill_id: str) -> bool:
-        """False while the operator has the skill switched off (it answers 503 before any quote)."""
-        return self._controls is None or self._controls.disabled(skill_id) is None
+    def availability(self, skill: Skill | str) -> Availability:
+        """Can a call of `skill` (or the skill of that id) be bought here now? Not while the
+        operator has it switched off, nor when it cannot run as this gateway is configured: the
+        two 503s a call gets before any quote. An unknown id is only checked for a switch."""
+        skill_id = skill if isinstance(skill, str) else skill.id
+        switch = self._controls.disabled(skill_id) if self._controls is not None else None
+        if switch is not None:
+            why = f": {switch.reason}" if switch.reason else ""
+            return Availability(False, f"switched off by the operator{why}")
+        found = self._registry.get(skill) if isinstance(skill, str) else skill
+        problem = self._problem(found) if found is not None else None
+        return AVAILABLE if problem is None else Availability(False, problem)
+
+    def available(self, skill: Skill | str) -> bool:
+        return self.availability(skill).available
+
+    def for_sale(self, kind: str | None = None) -> list[Skill]:
+        """The skills (of `kind`) a call can buy now: what listings for machines offer."""
+        skills = self.all() if kind is None else self.of_kind(kind)
+        return [s for s in skills if self.available(s)]
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the registry grows or the operator's switches change: both only ever
+        increase (a size, a change counter), so their sum does too. Listings that show availability
+        cache by it."""
+        return len(self._registry) + (self._controls.current.version + 1 if self._controls else 0)
+
+    def _problem(self, skill: Skill) -> str | None:
+        size, problems = self._problems
+        if size != len(self._registry):
+            size, problems = self._problems = (len(self._registry), {})
+        if skill.id not in problems:
+            problems[skill.id] = unconfigured(skill)
+        return problems[skill.id]
 
     def get(self, skill_id: str) -> Skill | None:
         return self._registry.get(skill_id)
@@ -49,18 +140,45 @@ class Catalogue:
         description every face shows (agent/pipeline/price_terms.py). SkillInputError: no such operation."""
         return price_terms(skill, operation, self.payment_options)
 
-    @staticmethod
-    def request_schema(operation: str) -> dict[str, Any] | None:
-        """The JSON Schema of the body a model `operation`'s route accepts, from its field table
-        (each field's declared check; no other field). None: not a model operation."""
+    def request_schema(self, operation: str, default_model: str | None = None) -> dict[str, Any] | None:
+        """The JSON Schema of the body a model `operation`'s route accepts: its field table (each
+        field's declared check; no other field), and what each model serving it allows besides (its
+        output caps, its image sizes: `Operation.request_schema`), one `anyOf` branch per set of
+        models allowing the same. With the route's `default_model`, a branch without it requires
+        `model`. None: not a model operation."""
         table = OPERATION_FIELDS.get(operation)
-        return table.json_schema() if table is not None else None
+        if table is None:
+            return None
+        schema = table.json_schema()
+        groups: dict[str, tuple[list[str], dict[str, Any]]] = {}
+        for skill in self.of_kind("model"):
+            if operation in skill.operations:
+                allows = skill.operations[operation].request_schema or {}
+                groups.setdefault(json.dumps(allows, sort_keys=True), ([], allows))[0].append(skill.id)
+        if len(groups) > 1 or any(allows for _, allows in groups.values()):
+            schema["anyOf"] = [_models_branch(ids, allows, default_model) for ids, allows in groups.values()]
+        return schema
 
     def route_price_terms(self, operation: str, kind: str = "model") -> PriceTerms | None:
         """The terms of a route every `kind` skill with `operation` serves (a /v1 route over all
         models): the lowest minimum and highest maximum among them. None: no skill serves it."""
         return route_terms(self.price_terms(s, operation) for s in self.of_kind(kind)
                            if operation in s.operations)
+
+
+def and_list(words: Sequence[str]) -> str:
+    """`A`, `A and B`, `A, B and C` ('' for none): names in a sentence."""
+    if len(words) <= 1:
+        return words[0] if words else ""
+    return ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _models_branch(ids: list[str], allows: dict[str, Any], default_model: str | None) -> dict[str, Any]:
+    """`allows` for a body naming one of `ids` (or none, when the default model is among them)."""
+    branch = {**allows, "properties": {"model": {"enum": ids}, **allows.get("properties", {})}}
+    if default_model is not None and default_model not in ids:
+        branch["required"] = [*allows.get("required", []), "model"]
+    return branch
 
 
 def usd_text(amount: Decimal) -> str:

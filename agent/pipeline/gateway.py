@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -51,6 +51,7 @@ from payments.ledger import (
     StoredResult,
 )
 from payments.money import usd_to_atomic
+from payments.payer_mistakes import MISPLACED_PAYMENT, PayerMistakes
 from payments.payload_shape import INVALID_PAYLOAD, payload_problem
 from payments.precheck import local_refusal, proven_payer
 from payments.processor import (
@@ -88,6 +89,7 @@ class Payment:
     payload: PaymentPayload | PaymentPayloadV1 | None
     problem: str | None = None  # the refusal's message; `where` names the header or field
     where: str | None = None
+    misplaced: bool = False  # a payment in a header paywire does not read: a 402 saying where
 
     @staticmethod
     def from_header(name: str, value: str) -> Payment:
@@ -136,16 +138,37 @@ class Outcome:
 @dataclass
 class Delivered(Outcome):
     """The result, paid. For a stream, `stream` yields the chunks (the first one is already in
-    hand: settlement happened after it arrived and before anything went to the caller)."""
+    hand: settlement happened after it arrived and before anything went to the caller).
+
+    A face tells the pipeline whether a paid result reached its caller (`handed_over`), once its
+    answer is written: the ledger counts a result delivered only when the caller can have
+    received it; otherwise a retry of the same payment gets it (the kept result, or one free
+    run). A stream is recorded delivered only on this word; any other result when it is handed
+    to the face, undone if the face says its caller had left."""
 
     result: SkillResult
     receipt: SettleResponse | None = None
     price_atomic: int = 0
     stream: AsyncIterator[Any] | None = None
+    # records the face's word in the ledger (None: nothing to record, e.g. a free call)
+    on_handover: Callable[[bool], Awaitable[None]] | None = field(default=None, repr=False)
 
     @property
     def retry_safe(self) -> bool:
         return self.stream is None
+
+    def handed_over(self, reached: bool) -> None:
+        """The face's word, once: `reached` when the answer's last byte went to a client still
+        connected (an A2A task: the result is stored on it), False when the caller left before.
+        Recorded in a task of its own: a cancelled face cannot lose it."""
+        if self.on_handover is not None:
+            _detach(self.record_handover(reached))
+
+    async def record_handover(self, reached: bool) -> None:
+        """`handed_over`, awaited (the first word counts; a ledger failure is logged)."""
+        report, self.on_handover = self.on_handover, None
+        if report is not None:
+            await _quietly(report(reached))
 
 
 @dataclass
@@ -221,6 +244,7 @@ class Gateway:
         *, payment_window_seconds: float = 900, policy: SettlementPolicy | None = None,
         reconciler: Reconciler | None = None, observer: CallObserver | None = None,
         controls: Controls | None = None, limits: RateLimits | None = None,
+        payer_mistakes: PayerMistakes | None = None,
     ) -> None:
         self.registry = registry
         self.payment_window_seconds = payment_window_seconds
@@ -236,6 +260,8 @@ class Gateway:
         self.observer = observer  # sees every call's outcome (agent/observability/metrics.py); None: nobody
         self.controls = controls  # the operator's skill switches and payer deny list (a snapshot)
         self.limits = limits  # quotes and refused payments per client address / payer (per replica)
+        # explains an underfunded payer's refusal (its balance, read on its chain; payments/payer_mistakes.py)
+        self.payer_mistakes = payer_mistakes or PayerMistakes()
 
     def late_payment(self, waited_seconds: float) -> str | None:
         """Why a payment arriving `waited_seconds` after its quote (an A2A task waiting in
@@ -385,6 +411,8 @@ class Gateway:
             return outcome
 
         payload_model = req.payment.payload
+        if payload_model is None and req.payment.misplaced:  # the quote, saying where it goes
+            return refused(demand(MISPLACED_PAYMENT, req.payment.problem))
         if payload_model is None:
             return refused(Refused(t, 400, "invalid_payment_header",
                                    req.payment.problem or "invalid payment", param=req.payment.where))
@@ -408,7 +436,10 @@ class Gateway:
         if denied is not None:  # nothing asked of the facilitator, nothing claimed
             # A payment that settled before the denial was charged: its retry still gets the
             # result it paid for (never a new run, never a second settlement).
-            known = await self._known(paid)
+            try:
+                known = await self._known(paid)
+            except LEDGER_ERRORS:
+                return _ledger_down(t, nothing_charged=False)
             if (known is not None and known.state == PaymentState.SETTLED
                     and known.request_digest == paid.digest):
                 return await self._redeliver(paid, known)
@@ -431,16 +462,23 @@ class Gateway:
                     verified, verify_error = None, type(exc).__name__
         if verified is None or not verified.is_valid:
             # A payment that already moved (or may have) no longer verifies: its retry is
-            # answered from the ledger, never refused as if nothing had happened.
-            known = await self._known(paid)
+            # answered from the ledger, never refused as if nothing had happened; while the
+            # ledger cannot say, the answer is to retry (a refusal would have the payer sign a
+            # second payment for a call it may have paid).
+            try:
+                known = await self._known(paid)
+            except LEDGER_ERRORS as exc:
+                log.warning("a payment that did not verify could not be looked up in the ledger "
+                            "(%s); answered 503 ledger_unavailable", type(exc).__name__)
+                return _ledger_down(t, nothing_charged=False)
             if known is not None:
                 return await self._answer_retry(paid, known, verified_ok=False)
             if verified is None:
-                return Refused(t, 503, "facilitator_unavailable",
-                               f"payment verification is unavailable right now ({verify_error}); "
-                               "retry later, nothing was charged", retry_after=RETRY_AFTER_SECONDS)
+                return _verify_unavailable(t, verify_error)
             reason = verified.invalid_reason or "invalid_payment"
-            detail = f" ({verified.invalid_message})" if refused_locally else ""
+            note = verified.invalid_message if refused_locally else await self.payer_mistakes.explain(
+                reason, matched.payload.payload, matched.requirement)  # (an underfunded payer)
+            detail = f" ({note})" if note else ""
             signer = (proven_payer(matched.payload.payload, matched.requirement)
                       if limits is not None and limits.tracks_payers else None)
             return refused(demand(reason, f"payment rejected: {reason}{detail}"), signer)
@@ -450,11 +488,9 @@ class Gateway:
 
     async def _known(self, paid: _Paid) -> PaymentRow | None:
         """The ledger's row for a payment that failed verification, when it is one the ledger
-        must answer for (it may have moved, or it is the payer's named call)."""
-        try:
-            row = await self.ledger.find(paid.identity.key, paid.payment_id)
-        except LEDGER_ERRORS:
-            return None
+        must answer for (it may have moved, or it is the payer's named call). A ledger that
+        cannot be read raises (LEDGER_ERRORS): "no row" is never guessed."""
+        row = await self.ledger.find(paid.identity.key, paid.payment_id)
         if row is None:
             return None
         if row.state in (PaymentState.SETTLING, PaymentState.PENDING, PaymentState.SETTLED):
@@ -482,9 +518,9 @@ class Gateway:
                 claim = await (claiming if self.ledger.commits_inline else _to_the_end(
                     claiming, on_cancel=self._release_on_cancel))
             except LEDGER_ERRORS as exc:
-                log.error("ledger unavailable at claim (%s); refused, nothing charged",
-                          type(exc).__name__)
-                return _ledger_down(t)
+                log.error("ledger unavailable at claim (%s); answered 503", type(exc).__name__)
+                # (not "nothing was charged": an earlier attempt's transfer may be in flight)
+                return _ledger_down(t, nothing_charged=False)
         if isinstance(claim, Existing):
             return await self._answer_retry(paid, claim.row, verified_ok=True)
         row_id = claim.row_id
@@ -519,11 +555,11 @@ class Gateway:
                 return await self._run_failed(t, paid.skill, row_id, exc)
         # Settlement runs to its end even if the caller is cancelled meanwhile: a settlement cut
         # halfway would leave the payer charged and the ledger not knowing it.
-        if streaming:
-            return await _to_the_end(self._settle_stream(paid, row_id, chunks, first),
-                                     on_cancel=lambda outcome: self._undelivered_stream(
-                                         outcome, row_id, chunks))
-        return await _to_the_end(self._settle_and_deliver(paid, row_id, result))
+        # A caller cancelled meanwhile never gets the outcome: a settled result is recorded as not
+        # delivered (a retry of the payment gets it), a stream's upstream is closed.
+        settling = (self._settle_stream(paid, row_id, chunks, first) if streaming
+                    else self._settle_and_deliver(paid, row_id, result))
+        return await _to_the_end(settling, on_cancel=_never_handed_over)
 
     async def _answer_retry(self, paid: _Paid, row: PaymentRow, *, verified_ok: bool) -> Outcome:
         """A payment the ledger already knows (the same signed payment again, or another one under
@@ -573,7 +609,10 @@ class Gateway:
                 # the chain takes it once, whichever broadcast lands.
                 return await self._settle_again(paid, row)
             if row.state == PaymentState.RELEASED:
-                if verified_ok or (await self._reverifies(paid)):
+                reverified = verified_ok or await self._reverifies(paid)
+                if isinstance(reverified, str):  # the facilitator failed: not the payer's fault
+                    return _verify_unavailable(t, reverified)
+                if reverified:
                     return await self._claim_and_run(paid)
                 return paid.demand("invalid_payment", "payment rejected: it no longer verifies; "
                                    "nothing was charged")
@@ -617,60 +656,119 @@ class Gateway:
                     note.cancel()
             verdict = classify(receipt, error, trace, traced=self.processor.traces_broadcasts)
             if isinstance(verdict, Moved):
-                await self.ledger.mark_settled(row.id, verdict.transaction, delivered=False)
                 log.info("payment %s settled again by a retry of the same payment (%s)",
                          row.id, verdict.transaction)
-                settled = await self.ledger.get(row.id)
+                try:
+                    await self.ledger.mark_settled(row.id, verdict.transaction, delivered=False)
+                    settled = await self.ledger.get(row.id)
+                except LEDGER_ERRORS:  # still `settling`: the reconciler records it, a retry gets it
+                    return _ledger_down(t, nothing_charged=False)
                 if settled is not None:
                     return await self._redeliver(paid, PaymentRow.of(settled))
             reason = verdict.reason if not isinstance(verdict, Moved) else "settled"
-            await self.ledger.mark_pending(row.id, f"settled again: {reason}",
-                                           tx_hash=getattr(verdict, "transaction", None),
-                                           retry_in_seconds=self.policy.pending_retry_seconds,
-                                           states=(PaymentState.SETTLING,))
+            try:
+                await self.ledger.mark_pending(row.id, f"settled again: {reason}",
+                                               tx_hash=getattr(verdict, "transaction", None),
+                                               retry_in_seconds=self.policy.pending_retry_seconds,
+                                               states=(PaymentState.SETTLING,))
+            except LEDGER_ERRORS:
+                pass  # still `settling` under a lease: the reconciler takes it when it runs out
             return self._pending(t, row.network, getattr(verdict, "transaction", None) or row.tx_hash,
                                  self.policy.pending_retry_seconds)
         finally:
             self.in_flight.discard(row.id)
 
-    async def _reverifies(self, paid: _Paid) -> bool:
+    async def _reverifies(self, paid: _Paid) -> bool | str:
+        """Does the payment still verify? The failure's name when the facilitator could not say."""
         try:
             return (await self.processor.verify(paid.matched)).is_valid
-        except Exception:  # noqa: BLE001
-            return False
+        except Exception as exc:  # noqa: BLE001 - answered 503, never "it no longer verifies"
+            log.warning("facilitator verify failed on a retry (%s)", type(exc).__name__)
+            return type(exc).__name__
 
     async def _redeliver(self, paid: _Paid, row: PaymentRow) -> Outcome:
-        """A settled payment asked again: its kept result, or one free run if its result never
+        """A settled payment asked again: its kept result, or one free run if its result has not
         reached the payer and was not kept."""
         t = paid.t
         receipt = SettleResponse(success=True, transaction=row.tx_hash or "", network=row.network,
                                  payer=row.payer, amount=str(row.amount_atomic))
+        streaming = paid.req.stream and paid.op.streamer is not None
         try:
             kept = await self.ledger.stored_result(row.id)
+            if kept is not None and (streaming or kept.media_type != KEPT_STREAM):
+                return self._kept(paid, row, kept, receipt)
+            taken = await self.ledger.take_redelivery(row.id, lease_seconds=self.policy.lease_seconds)
         except LEDGER_ERRORS:
-            return _ledger_down(t)
-        if kept is not None:
-            return Delivered(t, _result_of(kept), receipt, row.amount_atomic)
-        if not await self.ledger.take_redelivery(row.id):
-            return paid.demand("payment_already_used",
-                               "this payment was already used and its result delivered; sign a new "
-                               "payment to call again")
-        op, payload = paid.op, paid.payload
+            return _ledger_down(t, nothing_charged=False)
+        if taken:
+            return await self._run_again(paid, row, receipt)
+        if row.delivered_at is None:  # another retry of this payment is running it again now
+            wait = max(1, math.ceil(self.policy.lease_seconds))
+            return Refused(t, 409, "payment_in_progress",
+                           "another retry of this payment is getting its result right now; retry "
+                           f"the identical request with the same payment in {wait} s",
+                           retry_after=wait)
+        return paid.demand("payment_already_used",
+                           "this payment was already used and its result delivered; sign a new "
+                           "payment to call again")
+
+    def _kept(self, paid: _Paid, row: PaymentRow, kept: StoredResult,
+              receipt: SettleResponse) -> Delivered:
+        """A settled call's kept result (a stream's chunks replayed as a stream); it counts as
+        delivered once the face says it reached the payer."""
+        report = self._reached(row.id) if row.delivered_at is None else None
+        if kept.media_type == KEPT_STREAM:
+            return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), receipt,
+                             row.amount_atomic, stream=_replay(wire_json.loads(kept.body)),
+                             on_handover=report)
+        return Delivered(paid.t, _result_of(kept), receipt, row.amount_atomic, on_handover=report)
+
+    async def _run_again(self, paid: _Paid, row: PaymentRow, receipt: SettleResponse) -> Outcome:
+        """The one free run of a settled call whose result has not reached its payer, under the
+        row's redelivery lease; a run that fails, or whose caller leaves, frees the row again."""
+        t, op, payload = paid.t, paid.op, paid.payload
+        chunks: AsyncIterator[Any] | None = None
         with t.stage("run"):
             try:
                 if paid.req.stream and op.streamer is not None:
-                    stream = _without_usage(op.streamer(payload))
-                    return Delivered(t, SkillResult(body=None), receipt, row.amount_atomic,
-                                     stream=stream)
+                    chunks = op.streamer(payload)
+                    handover = _StreamHandover(self.ledger, row.id, chunks, await _next(chunks),
+                                               self.policy, paid=None)
+                    return Delivered(t, SkillResult(body=None, media_type="text/event-stream"),
+                                     receipt, row.amount_atomic, stream=handover.chunks(),
+                                     on_handover=handover.report)
                 result = await op.run(payload)
-            except Exception as exc:
-                await self.ledger.undo_redelivery(row.id)
+            except BaseException as exc:
+                await _to_the_end(_quietly(self.ledger.mark_undelivered(row.id)))
+                if chunks is not None:
+                    await _to_the_end(chunks.aclose())  # type: ignore[attr-defined]
+                if not isinstance(exc, Exception):
+                    raise
                 if isinstance(exc, SkillError):
-                    return _refusal(t, exc)
+                    refused = _refusal(t, exc, before_quote=True)
+                    refused.message += "; the payment is kept: retry with the same payment"
+                    return refused
                 log.error("skill %s failed on a free re-run", paid.skill.id, exc_info=exc)
                 return Refused(t, 500, "skill_failed", f"skill '{paid.skill.id}' failed "
                                f"({type(exc).__name__}); retry with the same payment")
-        return Delivered(t, result, receipt, row.amount_atomic)
+        # handed to the face: delivered, as a first result is when it settles
+        await _quietly(self.ledger.mark_delivered(row.id))
+        return Delivered(t, result, receipt, row.amount_atomic, on_handover=self._missed(row.id))
+
+    def _reached(self, row_id: str) -> Callable[[bool], Awaitable[None]]:
+        """A handover that records the delivery when the face says the result reached its payer."""
+        async def report(reached: bool) -> None:
+            if reached:
+                await self.ledger.mark_delivered(row_id)
+        return report
+
+    def _missed(self, row_id: str) -> Callable[[bool], Awaitable[None]]:
+        """A handover of a result recorded delivered when handed to the face: undone if the face
+        says its caller had left."""
+        async def report(reached: bool) -> None:
+            if not reached:
+                await self.ledger.mark_undelivered(row_id)
+        return report
 
     def _pending(self, t: Timings, network: str, tx_hash: str | None, wait: int) -> Refused:
         receipt = SettleResponse(success=False, error_reason=SETTLEMENT_PENDING,
@@ -709,15 +807,6 @@ class Gateway:
         finally:
             self.in_flight.discard(row_id)
 
-    async def _undelivered_stream(self, outcome: Outcome, row_id: str,
-                                  chunks: AsyncIterator[Any]) -> None:
-        """A stream whose caller was cancelled while it settled: the upstream is closed, and a
-        settled one is recorded as not delivered (the caller never read a byte of it)."""
-        await chunks.aclose()  # type: ignore[attr-defined]
-        if isinstance(outcome, Delivered):
-            await self.ledger.record_usage(row_id, latency_ms=round(outcome.timings.total_ms()),
-                                           usage={"chunks": 0, "delivery": "none"})
-
     async def _release_on_cancel(self, claim: Claimed | Existing) -> None:
         """A claim that completed while its caller was being cancelled: nothing will run."""
         if isinstance(claim, Claimed):
@@ -741,34 +830,10 @@ class Gateway:
         """Settle with the first chunk in hand, before any byte goes out; then pass the rest."""
         outcome = await self._settle_and_deliver(paid, row_id, SkillResult(body=None), record=False)
         if not isinstance(outcome, Delivered):
-            await chunks.aclose()  # cancel the upstream: the payment did not settle
+            await chunks.aclose()  # type: ignore[attr-defined] - the payment did not settle
             return outcome
-        ledger, started = self.ledger, paid.t
-
-        async def rest() -> AsyncIterator[Any]:
-            sent, complete, reported = 0, False, StreamUsage(None)
-            try:
-                chunk = first
-                while chunk is not _END:
-                    if isinstance(chunk, StreamUsage):
-                        reported = chunk
-                    else:
-                        yield chunk
-                        sent += 1
-                    chunk = await _next_or_failure(chunks)
-                complete = True
-            finally:
-                usage = {**(reported.usage or {}), "chunks": sent,
-                         "delivery": "complete" if complete else "partial"}
-                # A client that left cancels this generator, and further awaits here would be
-                # cancelled too: the ledger write runs as its own task so it is not lost.
-                _detach(ledger.record_usage(row_id, latency_ms=round(started.total_ms()), usage=usage,
-                                            upstream_cost_usd=reported.upstream_cost_usd,
-                                            delivered=complete))
-                if not complete:
-                    await chunks.aclose()
-
-        outcome.stream = rest()
+        handover = _StreamHandover(self.ledger, row_id, chunks, first, self.policy, paid=paid.t)
+        outcome.stream, outcome.on_handover = handover.chunks(), handover.report
         return outcome
 
     async def _settle_and_deliver(self, paid: _Paid, row_id: str, result: SkillResult,
@@ -853,7 +918,8 @@ class Gateway:
                 # intent; once its lease runs out the reconciler finds the transfer on chain.
                 log.error("payment %s settled in %s but the ledger write failed (%s); the "
                           "reconciler will record it", row_id, receipt.transaction, type(exc).__name__)
-        return Delivered(t, result, receipt, paid.atomic)
+        return Delivered(t, result, receipt, paid.atomic,
+                         on_handover=self._missed(row_id) if record else None)
 
     def _keepable(self, result: SkillResult) -> StoredResult | None:
         """The result as kept for a retry, unless it is larger than the setting allows."""
@@ -899,6 +965,98 @@ class _TransactionNote:
         self._timer.cancel()
 
 
+# A stream's kept result (payments/ledger.py `paywire_results`): its chunks as one JSON array.
+KEPT_STREAM = "application/vnd.paywire.stream-chunks+json"
+
+
+class _StreamHandover:
+    """A settled stream on its way to the caller: passes the chunks on (the skill's usage item is
+    kept back) and records once how it went out. A reader that stops part way, or never starts,
+    ends it at once: the upstream is closed, usage "partial" (or "none"), not delivered. A stream
+    read to its end waits for the face's word (`report`): "complete" and delivered, or
+    "undelivered" (its caller was gone before the last byte), its chunks then kept for a retry
+    of the payment when they fit the keep limit (else the retry runs it again, free)."""
+
+    def __init__(self, ledger: Ledger, row_id: str, upstream: AsyncIterator[Any], first: Any,
+                 policy: SettlementPolicy, *, paid: Timings | None) -> None:
+        """`paid`: the paid call's timings, its usage recorded; None for a free re-run (the paid
+        run's usage stays)."""
+        self._ledger, self._row_id, self._upstream, self._first = ledger, row_id, upstream, first
+        self._policy, self._paid = policy, paid
+        self._usage = StreamUsage(None)
+        self._kept: list[bytes] | None = []  # each chunk's JSON while they fit the keep limit
+        self._kept_bytes = 2  # the array's brackets
+        self.started = self.complete = self._recorded = False
+        self.sent = 0
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        self.started = True
+        chunk = self._first
+        try:
+            while chunk is not _END:
+                if isinstance(chunk, StreamUsage):
+                    self._usage = chunk
+                else:
+                    self._keep(chunk)
+                    yield chunk
+                    self.sent += 1  # (a chunk counts once the reader asks for the next one)
+                chunk = await _next_or_failure(self._upstream)
+            self.complete = True
+        finally:
+            if not self.complete:
+                self._record(reached=False)
+                await self._upstream.aclose()  # type: ignore[attr-defined]
+
+    async def report(self, reached: bool) -> None:
+        """The face's word once it stopped reading (the pipeline's, for a caller that left)."""
+        if not self.complete:  # never read to its end: nothing more is wanted of the upstream
+            await self._upstream.aclose()  # type: ignore[attr-defined]
+        self._record(reached)
+
+    def _keep(self, chunk: Any) -> None:
+        if self._kept is None:
+            return
+        raw = wire_json.dumps(chunk)
+        self._kept_bytes += len(raw) + 1
+        if self._kept_bytes > self._policy.keep_result_max_bytes:
+            self._kept = None  # too large to keep: a retry runs the call again instead
+        else:
+            self._kept.append(raw)
+
+    def _record(self, reached: bool) -> None:
+        """The one ledger write of the stream's end. A reader that left cancels the generator,
+        and further awaits there would be cancelled too: the write runs as its own task."""
+        if self._recorded:
+            return
+        self._recorded = True
+        delivered = reached and self.complete
+        kept, self._kept = self._kept, None
+        result = (StoredResult(200, KEPT_STREAM, b"[" + b",".join(kept) + b"]")
+                  if self.complete and not delivered and kept is not None else None)
+        usage: dict[str, Any] = {}
+        if self._paid is not None:
+            delivery = ("complete" if delivered else "undelivered" if self.complete
+                        else "partial" if self.started else "none")
+            usage = {"latency_ms": round(self._paid.total_ms()),
+                     "usage": {**(self._usage.usage or {}), "chunks": self.sent, "delivery": delivery},
+                     "upstream_cost_usd": self._usage.upstream_cost_usd}
+        _detach(_quietly(self._ledger.record_handover(
+            self._row_id, delivered=delivered, result=result,
+            keep_result_seconds=self._policy.keep_result_seconds, **usage)))
+
+
+async def _never_handed_over(outcome: Outcome) -> None:
+    """A call whose caller was cancelled while it settled: its result never reached the caller."""
+    if isinstance(outcome, Delivered):
+        await outcome.record_handover(False)
+
+
+async def _replay(chunks: list[Any]) -> AsyncIterator[Any]:
+    """A kept stream, chunk by chunk."""
+    for chunk in chunks:
+        yield chunk
+
+
 @dataclass
 class _Paid:
     """One paid call on its way through the pipeline, once its payment matched the quote."""
@@ -925,10 +1083,22 @@ def _free(skill: Skill) -> bool:
     return skill.pricer is None and skill.price_usd is not None and skill.price_usd == 0
 
 
-def _ledger_down(t: Timings) -> Refused:
+def _ledger_down(t: Timings, *, nothing_charged: bool = True) -> Refused:
+    """The answer while the ledger cannot be read or written: a 503 to retry, never a refusal (a
+    payment that may have moved must not be refused: a client would sign a second one).
+    `nothing_charged`: this call is known to have moved nothing (else the payment may have)."""
+    said = ("nothing was charged; retry the identical request with the same payment later"
+            if nothing_charged else "retry the identical request with the same payment later: "
+            "it is never charged twice, and a payment already charged gets its result")
     return Refused(t, 503, "ledger_unavailable",
-                   "the payment ledger is unavailable right now; nothing was charged, retry the "
-                   "identical request with the same payment later", retry_after=RETRY_AFTER_SECONDS)
+                   f"the payment ledger is unavailable right now; {said}",
+                   retry_after=RETRY_AFTER_SECONDS)
+
+
+def _verify_unavailable(t: Timings, error: str) -> Refused:
+    return Refused(t, 503, "facilitator_unavailable",
+                   f"payment verification is unavailable right now ({error}); retry later, "
+                   "nothing was charged", retry_after=RETRY_AFTER_SECONDS)
 
 
 def _result_of(kept: StoredResult) -> SkillResult:

@@ -1,17 +1,27 @@
-"""PostgreSQL stopped under two replicas while a few dozen payments (both chains) are in flight,
-then started again. Clients are told 503 `ledger_unavailable` (nothing charged) and retry; a
-settlement that moved while the database was away must still be delivered, and recorded by the
-reconciler afterwards. The replicas reach the EVM node through an RpcGate that holds
-`eth_gasPrice` (the last call before the send lock) until the database is down, so some EVM
-settlements are always between their intent and the send lock when it goes: nothing was sent,
-but the release cannot be written either, so the answer is 503 `ledger_unavailable` (never "send
-it again now"), and the release is written once the database is back."""
+"""PostgreSQL stopped under two replicas, then started again. While the ledger cannot be read, every
+answer is 503 `ledger_unavailable` with Retry-After (or a 503/409 that says the same: retry the
+same payment), never a refusal: a 402 would have an x402 client sign a second payment for a call it
+may already have paid. Each check is on the answers as the client got them, first ones included:
+nothing is re-sent before it is checked.
+
+- Mid-traffic: a few dozen payments (both chains) in flight when the database goes. The replicas
+  reach the EVM node through an RpcGate that holds `eth_gasPrice` (the last call before the send
+  lock) until the database is down, so some EVM settlements are always between their intent and
+  the send lock when it goes: nothing was sent, but the release cannot be written either, so the
+  answer is 503 `ledger_unavailable` (never "send it again now"), and the release is written once
+  the database is back. A settlement that moved meanwhile is delivered, and recorded by the
+  reconciler afterwards.
+- The chains paused (every settlement pending), the database stopped, the chains resumed (the
+  transfers land): the payer's retry no longer verifies (EVM: the nonce is used; Solana: the
+  transaction's simulation fails), and the ledger, which would say the payment is its own, cannot
+  be read: told to retry, and given its result once the database is back, charged once."""
 
 from __future__ import annotations
 
+from tests.support.paying import EVM_NET, SOL_NET
 from tests.support.postgres import PostgresServer
 
-from .harness import Client, Deployment, mixed, scenario
+from .harness import Client, Deployment, Payment, Scenario, mixed, scenario
 
 
 def test_postgres_stopped_mid_traffic_then_started(replicas: Deployment,
@@ -33,14 +43,67 @@ def test_postgres_stopped_mid_traffic_then_started(replicas: Deployment,
                         "4 payments told the ledger is unavailable")
     finally:
         gate.release()
-        if not (postgres_server.data_dir / "postmaster.pid").exists():
-            postgres_server.resume()
+        _resume(postgres_server)
     run.quiet()
     paying.wait()
-    # A 402 saying "the same signed payment may be sent again": send it again, as it invites.
-    refused = [p for p in run.payments if p.final is not None and p.final.status == 402]
-    if refused:
-        Client(replicas.urls, deadline_seconds=2).start(refused, concurrency=len(refused)).wait()
+    never_refused(run)
     Client(replicas.urls).replay(run.payments)
     report = run.check()
-    assert report.charged == report.delivered
+    assert report.charged == report.delivered == len(run.payments)
+
+
+def test_a_payment_that_landed_while_the_ledger_was_down_is_never_refused(
+    replicas: Deployment, postgres_server: PostgresServer,
+) -> None:
+    replicas.ensure_running()
+    chains = replicas.chains
+    run = scenario("postgres, 2 replicas, chains paused, the database stopped, chains resumed",
+                   replicas, mixed(4))
+    assert {p.network for p in run.payments} == {EVM_NET, SOL_NET}
+    chains.evm.pause()
+    chains.solana.pause()
+    try:
+        paying = Client(replicas.urls, deadline_seconds=90).start(run.payments, concurrency=4)
+        paying.wait_for(lambda ps: all(p.told("settlement_pending") for p in ps),
+                        "settlement_pending answer for every payment")
+        postgres_server.halt()
+        chains.evm.resume()
+        chains.solana.resume()  # the transfers land while the ledger cannot say they are ours
+        landed = {p.index: len(p.answers) for p in run.payments}
+
+        def told_to_retry(p: Payment) -> bool:  # after its transfer landed
+            return any(a.code == "ledger_unavailable" for a in p.answers[landed[p.index]:])
+
+        paying.wait_for(lambda ps: all(told_to_retry(p) or p.final is not None for p in ps),
+                        "an answer to every payment's retry after it landed")
+    finally:
+        chains.evm.resume()
+        chains.solana.resume()
+        _resume(postgres_server)
+    run.quiet()
+    paying.wait()
+    never_refused(run)
+    assert all(told_to_retry(p) for p in run.payments), [_told(p) for p in run.payments]
+    report = run.check()
+    assert report.charged == report.delivered == len(run.payments)
+
+
+def never_refused(run: Scenario) -> None:
+    """Every answer each client got, first ones included, is its result or says to retry the same
+    payment (RETRIED in the harness: 503/409) after a Retry-After; no payment was refused."""
+    for payment in run.payments:
+        for answer in payment.answers:
+            assert answer.status in (None, 200, 409, 503), _told(payment)
+            if answer.status in (409, 503):
+                assert answer.retry_after, f"no Retry-After: {_told(payment)}"
+        assert payment.final is not None and payment.final.status == 200, _told(payment)
+
+
+def _told(payment: Payment) -> str:
+    said = [f"{a.status} {a.code}" for a in payment.answers]
+    return f"payment {payment.index} ({payment.network}) was answered {said}"
+
+
+def _resume(postgres_server: PostgresServer) -> None:
+    if not (postgres_server.data_dir / "postmaster.pid").exists():
+        postgres_server.resume()

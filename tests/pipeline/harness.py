@@ -8,14 +8,16 @@ for the quote the gateway itself answered (so they match the recomputed requirem
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from eth_account import Account
-from sqlalchemy import update
+from sqlalchemy import event, update
+from sqlalchemy.exc import OperationalError
 from x402.schemas import PaymentPayload
 
 from agent.app import make_engine
@@ -100,6 +102,27 @@ class Pipeline:
         async with self.ledger.engine.begin() as conn:
             await conn.execute(update(payments_table).values(
                 lease_until=datetime.now(UTC) - timedelta(seconds=1)))
+
+    @contextmanager
+    def ledger_down(self) -> Iterator[None]:
+        """Every statement on the ledger's database fails while the block runs, as on a server
+        that stopped: OperationalError, connection refused (an inline SQLite ledger's own engine
+        too)."""
+        engines = [self.ledger.engine.sync_engine]
+        if self.ledger.commits_inline:
+            engines.append(self.ledger._sync)  # type: ignore[arg-type]  # noqa: SLF001
+
+        def refuse(*_args: Any) -> None:
+            raise OperationalError("(the database is down)", None,
+                                   ConnectionRefusedError(111, "Connection refused"))
+
+        for engine in engines:
+            event.listen(engine, "before_cursor_execute", refuse)
+        try:
+            yield
+        finally:
+            for engine in engines:
+                event.remove(engine, "before_cursor_execute", refuse)
 
     @staticmethod
     async def bookkeeping_done() -> None:

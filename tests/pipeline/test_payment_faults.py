@@ -95,7 +95,8 @@ async def test_verify_invalid_is_402_with_the_reason_and_claims_nothing(pipeline
     pipeline.facilitator.script_verify(Invalid(reason))
     out = await pipeline.call("echo", BODY, await pipeline.pay("echo", BODY))
     assert isinstance(out, PaymentDemanded)
-    assert out.reason == reason and out.message == f"payment rejected: {reason}"
+    # (explained: payments/payer_mistakes.py; this harness has no chain RPC, so without figures)
+    assert out.reason == reason and (out.message or "").startswith(f"payment rejected: {reason} (")
     assert out.required.error == out.message and out.required.accepts  # the quote, to pay again
     assert out.receipt is None
     assert await pipeline.rows() == [] and pipeline.facilitator.settle_calls == 0

@@ -251,7 +251,7 @@ async def test_a_ledger_down_at_the_claim_refuses_and_charges_nothing(
     monkeypatch.setattr(pipeline.ledger, "claim", down)
     out = await pipeline.call("echo", BODY, await pipeline.pay("echo", BODY))
     assert isinstance(out, Refused) and (out.status, out.code) == (503, "ledger_unavailable")
-    assert "nothing was charged" in out.message and out.retry_after
+    assert "never charged twice" in out.message and out.retry_after
     assert pipeline.facilitator.settle_calls == 0
 
 
@@ -284,6 +284,9 @@ async def test_a_stream_cut_before_it_was_delivered_is_run_again_for_free(pipeli
     chunks = [chunk async for chunk in again.stream]
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == "Hello"
     assert pipeline.facilitator.settle_calls == 1
+    assert (await pipeline.row())["delivered_at"] is None  # until the face says it reached the payer
+    again.handed_over(True)
+    await pipeline.bookkeeping_done()
     # Delivered now: a third ask gets no third run.
     third = await pipeline.call(MODEL, body, payment, stream=True)
     assert isinstance(third, PaymentDemanded) and third.reason == "payment_already_used"

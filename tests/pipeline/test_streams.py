@@ -1,6 +1,7 @@
 """Paid streams in the pipeline: a model's chat.completions over the fake upstream. The pipeline
 claims, pulls the first chunk, settles, and only then hands the stream out; what the caller
-received is recorded in the ledger row's usage when the stream ends."""
+received is recorded in the ledger row's usage when the stream ends (a stream read to its end: on
+the face's word that its last byte reached the caller, `Delivered.handed_over`)."""
 
 from __future__ import annotations
 
@@ -54,8 +55,12 @@ async def test_a_paid_stream_settles_after_its_first_chunk_then_passes_the_rest(
     assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["Hel", "lo", "!", None]
     assert all(c["model"] == MODEL for c in chunks)
     await pipeline.bookkeeping_done()
+    assert (await pipeline.row())["delivered_at"] is None  # read to its end, not yet handed over
+    out.handed_over(True)  # the face: its last byte went to a client still there
+    await pipeline.bookkeeping_done()
     row = await pipeline.row()
     assert row["usage"]["delivery"] == "complete" and row["usage"]["chunks"] == 4
+    assert row["delivered_at"] is not None
     assert row["usage"]["prompt_tokens"] == 9 and row["upstream_cost_usd"] is not None
     assert upstream.outcome == "complete"
     sent = pipeline.upstream.sent[-1]
@@ -111,6 +116,7 @@ async def test_a_stream_caller_cancelled_while_settling_is_settled_and_recorded_
     with pytest.raises(asyncio.CancelledError):
         await call
     assert upstream.outcome == "closed"
+    await pipeline.bookkeeping_done()
     row = await pipeline.row()
     assert row["state"] == "settled" and row["tx_hash"] == pipeline.facilitator.broadcasts[0]
     assert row["usage"] == {"chunks": 0, "delivery": "none"}

@@ -10,9 +10,11 @@ const SNIPPET_LABELS = {
   curl: "Ask the price: an unpaid call answers HTTP 402 with the quote",
   pay: "Pay with paywire pay (prints the result and the receipt)",
   python: "Python: pays with an x402 client",
-  mcp: "MCP client config (paywire's MCP server)",
+  mcp: "MCP client config (paywire's MCP server, streamable HTTP)",
   mcp_stdio: "MCP client config via paywire mcp (a local server paying from your key, with caps)",
 };
+// Why a skill cannot be bought here now (the server's `reason`), as a badge; its full text on hover.
+const UNAVAILABLE = "unavailable";
 
 const $ = (id) => document.getElementById(id);
 const state = { q: "", category: "", page: 1 };
@@ -161,11 +163,18 @@ function skillItem(item) {
   const tags = el("span", null, "tags");
   for (const category of item.categories || []) tags.append(el("span", category, "tag"));
   head.append(tags);
-  if (!item.available) head.append(el("span", "switched off", "badge off"));
+  if (!item.available) {
+    const badge = el("span", UNAVAILABLE, "badge off");
+    badge.title = item.reason || "";
+    head.append(badge);
+  }
+  li.dataset.available = String(Boolean(item.available));
   const container = el("div", null, "detail");
   container.hidden = true;
   head.append(detailsButton(item.resource_id, container));
-  li.append(head, el("p", item.description, "description"), container);
+  li.append(head, el("p", item.description, "description"));
+  if (!item.available && item.reason) li.append(el("p", item.reason, "reason"));
+  li.append(container);
   return li;
 }
 
@@ -250,21 +259,21 @@ function perMtok(pricing, name) {
 
 function availability(model) {
   if (model.available) return el("span", "available", "badge on");
-  const reason = model.enable_with && model.enable_with.length
-    ? "needs " + model.enable_with.join(" or ")
-    : model.reason || "unavailable";
-  return el("span", reason, "badge off");
+  const configured = !(model.enable_with && model.enable_with.length);
+  const badge = el("span", configured ? UNAVAILABLE : "needs " + model.enable_with.join(" or "), "badge off");
+  badge.title = model.reason || "";
+  return badge;
 }
 
 function modelRows(model) {
   const row = el("tr", null, "model");
   row.dataset.id = model.id;
   row.dataset.available = String(Boolean(model.available));
-  const name = el("td");
+  const name = el("td", null, "model-id");
   name.append(el("code", model.id));
   const price = el("td");
   price.append(priceNode(model.price));
-  const status = el("td");
+  const status = el("td", null, "availability");
   status.append(availability(model));
   const container = el("div", null, "detail");
   container.hidden = true;
@@ -305,17 +314,16 @@ async function loadModels() {
   document.body.dataset.modelsLoaded = "true";
 }
 
-// -- connect: the MCP configurations ------------------------------------------------------------
+// -- connect: the MCP configurations, and what payments are on this gateway ---------------------
 
 async function loadConnect() {
   try {
     const about = await getJson("/");
-    const url = about.links.mcp;
-    $("mcp-url").textContent = url;
-    const box = $("connect-snippets");
-    box.replaceChildren(
-      snippetBlock("connect-mcp", SNIPPET_LABELS.mcp,
-        JSON.stringify({ mcpServers: { paywire: { url } } }, null, 2)),
+    $("mcp-url").textContent = about.links.mcp;
+    $("payments-note").textContent = about.payments.note;
+    $("connect-snippets").replaceChildren(
+      snippetBlock("connect-mcp", SNIPPET_LABELS.mcp, about.mcp_config.http),
+      snippetBlock("connect-mcp-stdio", SNIPPET_LABELS.mcp_stdio, about.mcp_config.stdio),
       snippetBlock("connect-stdio", "Or run it yourself: paywire mcp pays from your key", about.mcp_stdio));
   } catch (_) { /* the section keeps its text */ }
 }

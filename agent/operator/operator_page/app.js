@@ -81,7 +81,12 @@ function table(node, columns, rows, empty) {
   }
   for (const row of rows) {
     const line = el("tr", null, row.stuck ? "stuck" : "");
-    for (const [, value, className] of columns) line.append(el("td", value(row), className));
+    for (const [, value, className] of columns) {
+      const cell = el("td", value(row), className);
+      // a clipped cell (a Solana signature, a network id) keeps its whole value in its title
+      if (className && className.split(" ").includes("clip")) cell.title = cell.textContent;
+      line.append(cell);
+    }
     body.append(line);
   }
   node.append(body);
@@ -182,14 +187,14 @@ function render(summary, byDay, bySkill, payments, failures, pending) {
     ["created (UTC)", (r) => when(r.created_at)],
     ["state", (r) => r.state],
     ["skill", (r) => r.skill],
-    ["network", (r) => r.network],
+    ["network", (r) => r.network, "clip"],
     ["amount", (r) => usd(r.amount_usd), "num"],
-    ["transaction", (r) => r.tx_hash || "-", "mono"],
+    ["transaction", (r) => r.tx_hash || "-", "mono clip"],
   ], payments.payments, "no payments yet");
   table($("failures"), [
     ["when (UTC)", (r) => when(r.updated_at)],
     ["skill", (r) => r.skill],
-    ["network", (r) => r.network],
+    ["network", (r) => r.network, "clip"],
     ["amount", (r) => usd(r.amount_usd), "num"],
     ["unbilled cost", (r) => (r.upstream_cost_usd ? usd(r.upstream_cost_usd) : "-"), "num"],
     ["error", (r) => r.error || "-", "wrap"],
@@ -200,7 +205,7 @@ function render(summary, byDay, bySkill, payments, failures, pending) {
     ["state", (r) => r.state + (r.stuck ? " (stuck)" : "")],
     ["skill", (r) => r.skill],
     ["amount", (r) => usd(r.amount_usd), "num"],
-    ["transaction", (r) => r.tx_hash || "unknown", "mono"],
+    ["transaction", (r) => r.tx_hash || "unknown", "mono clip"],
     ["reason", (r) => r.error || "-", "wrap"],
   ], pending.pending, "nothing waits to settle");
 }

@@ -1,0 +1,144 @@
+"""`paywire mcp`: a local stdio MCP server paying a remote x402 MCP server's tools within spend
+caps (agent/mcp/proxy.py); `--spent` prints the spend ledger."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import textwrap
+
+from agent.cli.common import CONFIG_ERROR, Commands, config_error, refuse
+from agent.cli.paying import add_payment_options, checked_validity, payer_help, payer_keys, stop_on
+from agent.settings import ConfigError, PayerSettings
+
+COMMAND = "paywire mcp"
+
+# The options of `paywire mcp` that stand for a variable (checked as the variable is).
+_OPTION_VARIABLES = {"server": "PAYWIRE_MCP_SERVER_URL", "network": "PAYWIRE_MCP_NETWORK",
+                     "max_per_call": "PAYWIRE_MCP_MAX_PER_CALL", "max_per_day": "PAYWIRE_MCP_MAX_PER_DAY",
+                     "ledger": "PAYWIRE_MCP_LEDGER", "solana_rpc": "PAYWIRE_SOLANA_RPC_URL"}
+
+
+def register(commands: Commands) -> None:
+    mcpp = commands.add_parser(
+        "mcp", help="a local stdio MCP server that pays a remote x402 MCP server's tools, within caps",
+        description="\n".join(textwrap.wrap(
+            "Serve MCP on stdin/stdout for a desktop agent (the command of its MCP config): the "
+            "tools of a remote MCP server (streamable HTTP: a paywire's /mcp, or any x402 MCP "
+            "server), paid from your key when the remote asks (x402's MCP transport). A payment "
+            "over --max-per-call, or past --max-per-day (UTC days; every payment not proven unspent "
+            "counts), is refused before anything is signed, and the tool call answers an error "
+            "saying which cap and how to raise it. Every payment is recorded in the spend ledger "
+            "(--spent prints it). Logs go to stderr, never the key, a payment or tool arguments.",
+            width=100)),
+        epilog=payer_help("mcp"), formatter_class=argparse.RawDescriptionHelpFormatter)
+    mcpp.add_argument("--server", metavar="URL",
+                      help="the remote MCP endpoint, e.g. https://gateway.example/mcp (default: "
+                      "PAYWIRE_MCP_SERVER_URL; required unless --spent)")
+    mcpp.add_argument("--network", help="pay on this network only: evm, solana, or a network id "
+                      "such as eip155:84532 (default: PAYWIRE_MCP_NETWORK, else the first option "
+                      "offered that the key can pay)")
+    mcpp.add_argument("--max-per-call", metavar="USD",
+                      help="the most one tool call may cost (default: PAYWIRE_MCP_MAX_PER_CALL, "
+                      f"else {PayerSettings.model_fields['mcp_max_per_call'].default})")
+    mcpp.add_argument("--max-per-day", metavar="USD",
+                      help="the most signed per UTC day (default: PAYWIRE_MCP_MAX_PER_DAY, else "
+                      f"{PayerSettings.model_fields['mcp_max_per_day'].default})")
+    mcpp.add_argument("--ledger", metavar="PATH",
+                      help="the spend ledger, a SQLite file (default: PAYWIRE_MCP_LEDGER, else "
+                      "mcp-spend.db in PAYWIRE_DATA_DIR)")
+    add_payment_options(mcpp)
+    mcpp.add_argument("--spent", action="store_true",
+                      help="print today's total and the latest payments from the ledger, and exit")
+    mcpp.add_argument("--limit", type=int, default=20, metavar="N",
+                      help="with --spent: at most N payments, newest first (default: %(default)s)")
+    mcpp.add_argument("--json", action="store_true", help="with --spent: print one JSON document")
+    mcpp.add_argument("--log-level", default="warning", choices=["error", "warning", "info", "debug"],
+                      help="log level on stderr (default: %(default)s; info logs each payment)")
+    mcpp.set_defaults(func=run)
+
+
+def _settings(args: argparse.Namespace) -> PayerSettings:
+    """PayerSettings with the options of `paywire mcp` in place of their variables (checked alike)."""
+    env = dict(os.environ)
+    for option, variable in _OPTION_VARIABLES.items():
+        value = getattr(args, option, None)
+        if value is not None:
+            env[variable] = str(value)
+    try:
+        return PayerSettings.from_env(env)
+    except ConfigError as exc:  # name the option the user typed, not only its variable
+        given = {variable: option for option, variable in _OPTION_VARIABLES.items()
+                 if getattr(args, option, None) is not None}
+        problems = []
+        for problem in exc.problems:
+            variable = problem.split(" ", 1)[0]
+            if variable in given:
+                problem = f"--{given[variable].replace('_', '-')} ({variable}){problem[len(variable):]}"
+            problems.append(problem)
+        raise ConfigError.of(problems) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from agent.mcp.proxy import Caps, ProxyConfig, ProxyError, configure_logging, serve_stdio
+    from payments.client_limits import ClientLimits
+    from payments.payer import PayError
+
+    try:
+        settings = _settings(args)
+    except ConfigError as exc:
+        return config_error(exc, COMMAND)
+    if args.spent:
+        return _print_spent(settings, args)
+    limits = ClientLimits(max_validity_seconds=checked_validity(args, COMMAND))
+    if not settings.mcp_server_url:
+        raise refuse(COMMAND, "no server: pass --server URL (the remote MCP endpoint, e.g. "
+                     "https://gateway.example/mcp) or set PAYWIRE_MCP_SERVER_URL")
+    configure_logging(args.log_level)
+    try:
+        keys, solana_rpc = payer_keys(settings, None, settings.mcp_server_url)
+    except PayError as exc:
+        raise stop_on(exc, COMMAND) from None
+    config = ProxyConfig(
+        server_url=settings.mcp_server_url, keys=keys, network=settings.mcp_network,
+        caps=Caps(per_call=settings.mcp_max_per_call, per_day=settings.mcp_max_per_day),
+        ledger_path=settings.mcp_ledger_path, solana_rpc_url=solana_rpc, limits=limits)
+    try:
+        asyncio.run(serve_stdio(config))
+    except ProxyError as exc:
+        raise refuse(COMMAND, str(exc), 1) from None
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _print_spent(settings: PayerSettings, args: argparse.Namespace) -> int:
+    """Today's total against the daily cap, then the latest payments (exact decimals)."""
+    from payments.money import display_usd, usd_text
+    from payments.spend_caps import SpendLedger, micros_usd
+
+    if not 1 <= args.limit <= 1000:
+        raise refuse(COMMAND, f"--limit must be from 1 to 1000, got {args.limit}", CONFIG_ERROR)
+    path = settings.mcp_ledger_path
+    if not path.exists():
+        raise refuse(COMMAND, f"no spend ledger at {path} yet (nothing paid; --ledger or "
+                     "PAYWIRE_MCP_LEDGER names another)", 1)
+    ledger = SpendLedger(path)
+    day, spent = ledger.spent_today()
+    rows = ledger.recent(args.limit)
+    if args.json:
+        print(json.dumps({"day": day, "spent_usd": usd_text(micros_usd(spent)),
+                          "max_per_day_usd": usd_text(settings.mcp_max_per_day),
+                          "max_per_call_usd": usd_text(settings.mcp_max_per_call),
+                          "payments": [row.as_json() for row in rows]}, indent=2))
+        return 0
+    print(f"today (UTC {day}): {display_usd(micros_usd(spent))} counted of "
+          f"{display_usd(settings.mcp_max_per_day)} a day; at most "
+          f"{display_usd(settings.mcp_max_per_call)} a call; ledger {path}")
+    print(f"{'time (UTC)':<27}  {'status':<8}  {'USD':>10}  {'network':<41}  tool  (server)  transaction")
+    for row in rows:
+        print(f"{row.created_at:<27}  {row.status:<8}  {usd_text(row.usd):>10}  {row.network:<41}  "
+              f"{row.tool}  ({row.server})  {row.tx_hash or '-'}")
+    return 0

@@ -1,0 +1,122 @@
+"""`paywire pay`: call an x402 URL and pay for it (payments/payer.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import textwrap
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from agent.cli.common import Commands, config_error, refuse
+from agent.cli.paying import add_payment_options, checked_validity, payer_help, payer_keys, stop_on
+from agent.settings import ConfigError, PayerSettings
+
+COMMAND = "paywire pay"
+
+
+def register(commands: Commands) -> None:
+    payp = commands.add_parser(
+        "pay", help="call an x402 URL and pay for it",
+        description="\n".join(textwrap.wrap(
+            "Call a URL of any x402 server; if it answers 402, choose a payment option the key can "
+            "pay, check the price against --max, sign the payment and call again; print the answer "
+            "and the settlement receipt. A payment the server is still settling is sent again, "
+            "never signed twice. Exit code 0 on a 2xx answer, 1 on another, 2 when it refused to "
+            "pay (a bad option, no usable key, a price above --max).", width=100)),
+        epilog=payer_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    payp.add_argument("url", help="the URL to call (a paywire route, /a2a, or any x402 server's)")
+    payp.add_argument("--data", "-d", help="request body, sent as application/json (default: none)")
+    payp.add_argument("--method", "-X", default="POST", help="HTTP method (default: %(default)s)")
+    payp.add_argument("--header", "-H", action="append", metavar="'NAME: VALUE'",
+                      help="an extra request header; repeatable (default: none)")
+    payp.add_argument("--network", help="evm, solana, or a network id such as eip155:84532 "
+                      "(default: the first option offered that the key can pay)")
+    payp.add_argument("--max", default="0.10", metavar="USD",
+                      help="most USD to pay without asking (default: %(default)s)")
+    payp.add_argument("--yes", "-y", action="store_true", help="pay above --max without asking")
+    add_payment_options(payp)
+    payp.add_argument("--json", action="store_true",
+                      help="print one JSON document (status, result, receipt, paid_usd)")
+    payp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from payments.client_limits import ClientLimits
+    from payments.payer import PayError, pay
+
+    try:
+        max_usd = Decimal(args.max.removeprefix("$"))
+    except InvalidOperation:
+        raise refuse(COMMAND, f"--max must be a USD amount such as 0.10, got {args.max!r}") from None
+    limits = ClientLimits(max_validity_seconds=checked_validity(args, COMMAND))
+    try:
+        payer = PayerSettings.from_env()
+    except ConfigError as exc:
+        return config_error(exc, COMMAND)
+    try:
+        keys, solana_rpc = payer_keys(payer, args.solana_rpc, args.url)
+        data = args.data.encode() if args.data is not None else None
+        result = asyncio.run(pay(
+            args.url, keys=keys, method=args.method, data=data, headers=_headers(args.header),
+            network=args.network, max_usd=max_usd, confirm=lambda q: _confirm(args, q),
+            solana_rpc_url=solana_rpc, limits=limits,
+            notice=lambda text: print(f"{COMMAND}: note: {text}", file=sys.stderr, flush=True)))
+    except PayError as exc:
+        raise stop_on(exc, COMMAND) from None
+    _print(result, as_json=args.json)
+    return 0 if 200 <= result.status < 300 else 1
+
+
+def _headers(given: list[str] | None) -> dict[str, str]:
+    from payments.payer import PayError
+
+    headers = {}
+    for h in given or []:
+        name, sep, value = h.partition(":")
+        if not sep:
+            raise PayError(f"-H expects 'Name: value', got {h!r}")
+        headers[name.strip()] = value.strip()
+    return headers
+
+
+def _confirm(args: argparse.Namespace, question: str) -> bool:
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        return False
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def _print(result: Any, *, as_json: bool) -> None:
+    from payments.money import display_usd, usd_text
+
+    body_text = result.body.decode("utf-8", errors="replace")
+    receipt = result.receipt
+    if as_json:
+        try:
+            body: object = json.loads(body_text)
+        except ValueError:
+            body = body_text
+        print(json.dumps({
+            "status": result.status,
+            "result": body,
+            "receipt": receipt.model_dump(by_alias=True, exclude_none=True) if receipt else None,
+            "paid_usd": usd_text(result.paid_usd) if result.paid_usd is not None else None,
+        }, indent=2))
+        return
+    print(f"HTTP {result.status}")
+    print(body_text)
+    if receipt is not None:
+        print("receipt:")
+        print(f"  success      {receipt.success}")
+        print(f"  transaction  {receipt.transaction}")
+        print(f"  network      {receipt.network}")
+        print(f"  payer        {receipt.payer}")
+        amount = receipt.amount or "?"
+        paid = f" ({display_usd(result.paid_usd)})" if result.paid_usd is not None else ""
+        print(f"  amount       {amount} atomic units{paid}")
+        if receipt.error_reason:
+            print(f"  error        {receipt.error_reason}")

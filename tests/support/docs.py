@@ -1,0 +1,52 @@
+"""The user's guide as tests read it: a section of a docs/ page (or README.md) and its fenced
+examples, so a test runs the text a user copies, from the page that now holds it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def doc_text(page: str) -> str:
+    """A page by its path from the repository's root: `docs/mcp.md`, `README.md`."""
+    return (ROOT / page).read_text()
+
+
+def doc_section(page: str, heading: str) -> str:
+    """The `## ` section of `page` whose heading starts with `heading`, up to the next `## `."""
+    text = doc_text(page)
+    match = re.search(rf"^## {re.escape(heading)}.*$", text, flags=re.M)
+    assert match, f"{page} has no section '## {heading}'"
+    end = re.search(r"^## ", text[match.end():], flags=re.M)
+    return text[match.start():match.end() + end.start() if end else len(text)]
+
+
+def fenced(section: str, language: str) -> list[str]:
+    """The bodies of the section's ```<language> blocks, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", section, flags=re.M | re.S)
+
+
+def pip_lines(section: str) -> list[str]:
+    """The `pip install ...` lines of a section, in bash blocks or inline code."""
+    in_blocks = [line for block in fenced(section, "bash") for line in block.splitlines()
+                 if line.startswith("pip install ")]
+    inline = re.findall(r"`(pip install [^`]+)`", section)
+    return in_blocks + inline
+
+
+# The client pip lines the fresh-virtualenv tests install (tests/test_doc_snippets.py), by page and
+# section; `make` downloads their wheels into WHEELHOUSE (`python -m tests.support.docs`).
+FRESH_VENV_SECTIONS = (("docs/mcp.md", "Use it from MCP"),)
+WHEELHOUSE = ROOT / ".wheelhouse"
+
+
+def pip_arguments(line: str) -> str:
+    """What follows `pip install ` on a docs line, quoted as the docs quote it."""
+    return line.removeprefix("pip install ").strip()
+
+
+if __name__ == "__main__":
+    for page, heading in FRESH_VENV_SECTIONS:
+        print(pip_arguments(pip_lines(doc_section(page, heading))[0]))
