@@ -42,7 +42,7 @@ from payments.networks import lookup_network
 from payments.payer_mistakes import PayerMistakes
 from payments.processor import PaymentProcessor, PayTo
 from payments.rate_limits import LimitSpec, RateLimits
-from payments.reconciler import Reconciler, chain_asker
+from payments.reconciler import EvmSender, Reconciler, chain_asker
 from payments.schema import ensure_current
 from payments.send_lock import send_lock_for
 from skills.help import make_help_skill
@@ -416,6 +416,15 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         if share is not None:
             loop = asyncio.get_running_loop()
             share(lambda name: send_lock_for(engine, loop, name))
+        # An in-process facilitator's key lets the reconciler prove an unsent settlement moved
+        # nothing long before its authorization expires (read after `share`: the shared lock).
+        sending = getattr(processor.facilitator, "evm_sending", None)
+        sender = sending() if sending is not None else None
+        if sender is not None:
+            for network in processor.networks:
+                if network.family == "evm" and network.caip2 in chain_rpcs:
+                    reconciler.know_sender(network.caip2,
+                                           EvmSender(sender[0], chain_rpcs[network.caip2], sender[1]))
         # Leases of the payments in flight stay alive while this process does; the reconciler
         # settles, at startup and then periodically, whatever a dead replica left unfinished.
         background = [asyncio.create_task(gateway.in_flight.run()),

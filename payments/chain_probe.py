@@ -33,6 +33,27 @@ transaction whose message hashes to `message_hash`.
 
 Precondition for the caller: probe a row only some time (a minute is plenty) after its payment
 was signed. A node that has not yet seen a very fresh blockhash also calls it invalid.
+
+EVM, before validBefore (`probe_our_sends`, `probe_nonce_reached`; issue 22): when the facilitator
+is in process, its key is ours, and "nothing moved, nothing can" is provable well before the
+authorization expires. Every transaction that could use the authorization was sent by our signers
+from that key (a third party who holds the signed payment could submit it too, which a released
+payment allows anyway: "the same signed payment may be sent again"). With the key's send lock
+held (no send of ours is between its nonce read and the node's answer) and no settlement of the
+payment able to begin a send any more (payments/broadcast_trace.py's send window), every such
+transaction is in the node's pool or on chain. So: the authorization unused at block B, and the
+key's nonce mined at B equal to its "pending" count, means none is waiting and none can come. If
+some of the key's transactions wait (a busy key), their nonces are below the pending count: once
+the key's mined nonce reaches it, every one of them is mined (or its nonce used by another), and
+an authorization still unused then was used by none. A transaction the settlement named that the
+node no longer knows (dropped) proves nothing: whoever holds it could send it again while its nonce
+is free, so that payment waits for validBefore. What stays assumed: the node asked holds the
+key's pool (not a load balancer that may answer "pending" from a node that never saw our sends),
+and a transaction it took and dropped before its id reached the ledger (its replica died within a
+second of sending it) is not sent again by someone else before the key's next transaction uses
+its nonce.
+Solana has no such early point: a transaction sent to a node is forwarded and retried by it until
+its blockhash expires, and no RPC tells that nothing is in flight; the blockhash is the bound.
 """
 
 from __future__ import annotations
@@ -44,7 +65,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -90,6 +111,15 @@ class StillOpen:
     """Nothing has moved yet, but it still may: ask again later."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Draining(StillOpen):
+    """Nothing moved yet, and transactions of the facilitator's key wait in the node's pool:
+    once the key's mined nonce reaches `nonce`, all of them are mined (or their nonces used), and
+    an authorization still unused then cannot be moved by any of them (`probe_nonce_reached`)."""
+
+    nonce: int = 0
 
 
 Verdict = Moved | CannotMove | StillOpen
@@ -313,6 +343,95 @@ async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], l
     notes = [await _receipt_note(rpc, ref, h, block) for h in tx_hashes]
     return StillOpen("; ".join([f"authorization unused and valid until {ref.valid_before} "
                                 f"(block {block} at {timestamp})", *notes]))
+
+
+async def probe_our_sends(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender: str, *,
+                          tx_hashes: Sequence[str] = (),
+                          log_lookback_blocks: int = DEFAULT_LOG_LOOKBACK_BLOCKS) -> Verdict:
+    """Can any transaction of ours still move this EIP-3009 authorization? (see the module's
+    docstring). `sender`: the in-process facilitator's address; `tx_hashes`: the transactions the
+    settlement named (its ledger row's). The caller holds the key's send lock, and no settlement
+    of this payment can begin a send any more. Answers `Moved` (it was used after all),
+    `CannotMove` (proven), `Draining` (provable once the key's nonce reaches `nonce`: ask
+    `probe_nonce_reached` later, without the lock) or `StillOpen` (not provable before it
+    expires)."""
+    ref, block, verdict = await _unused_authorization(chain_ref, rpc, tx_hashes,
+                                                      log_lookback_blocks)
+    if verdict is not None:
+        return verdict
+    key = _address(sender, "sender")
+    mined = await _nonce(rpc, key, hex(block))
+    need = max(mined, await _nonce(rpc, key, "pending"))
+    for tx_hash in tx_hashes:
+        tx = await rpc.call("eth_getTransactionByHash", [_tx_hash(tx_hash)])
+        if tx is None:
+            return StillOpen(f"transaction {tx_hash} of this settlement is unknown to the node "
+                             "(dropped, or never taken): whoever holds it could still send it while "
+                             f"its nonce is free, so nothing is provable before validBefore "
+                             f"{ref.valid_before}")
+        if not isinstance(tx, dict):
+            raise UnexpectedAnswer("eth_getTransactionByHash: not a transaction")
+        mined_in = tx.get("blockNumber")
+        if mined_in is not None and _quantity(mined_in, "transaction blockNumber") <= block:
+            continue  # on chain at B, and the authorization is unused there: it did not use it
+        if str(tx.get("from", "")).lower() != key:
+            return StillOpen(f"transaction {tx_hash} of this settlement, sent from "
+                             f"{tx.get('from')} (not {key}), is not mined at block {block}")
+        need = max(need, _quantity(tx.get("nonce"), "transaction nonce") + 1)
+    if mined >= need:
+        return CannotMove(f"authorization unused at block {block}, and nothing from the "
+                          f"facilitator's key {key} waits in the node's pool (nonce {mined}): no "
+                          "transaction of ours carries it, and no settlement can still send one")
+    return Draining(f"authorization unused at block {block}; {need - mined} transaction(s) of "
+                    f"the facilitator's key {key} wait in the node's pool (nonce {mined} mined): "
+                    f"provable once its nonce reaches {need}", nonce=need)
+
+
+async def probe_nonce_reached(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender: str,
+                              nonce: int, *,
+                              log_lookback_blocks: int = DEFAULT_LOG_LOOKBACK_BLOCKS) -> Verdict:
+    """After `probe_our_sends` answered `Draining(nonce)`, and if no settlement of the payment
+    began since (the caller checks its ledger row): `CannotMove` once the key's mined nonce
+    reached `nonce` with the authorization still unused; `Moved` if it was used; else
+    `Draining` again."""
+    ref, block, verdict = await _unused_authorization(chain_ref, rpc, (), log_lookback_blocks)
+    if verdict is not None:
+        return verdict
+    key = _address(sender, "sender")
+    mined = await _nonce(rpc, key, hex(block))
+    if mined >= nonce:
+        return CannotMove(f"authorization unused at block {block}, and the facilitator's key "
+                          f"{key} reached nonce {mined} >= {nonce}: every transaction of that key "
+                          "the node held when the reconciler looked is mined, none used it, and no "
+                          "settlement can still send one")
+    return Draining(f"authorization unused at block {block}; the facilitator's key {key} is at "
+                    f"nonce {mined} of {nonce}", nonce=nonce)
+
+
+async def _unused_authorization(chain_ref: Mapping[str, Any], rpc: JsonRpc,
+                                tx_hashes: Sequence[str], lookback: int
+                                ) -> tuple[_Eip3009Ref, int, Verdict | None]:
+    """The head block, and a final verdict if the authorization was used or expired there."""
+    if not isinstance(chain_ref, Mapping) or chain_ref.get("kind") != "eip3009":
+        raise InvalidChainRef("not an EIP-3009 chain_ref")
+    ref = _Eip3009Ref.parse(chain_ref)
+    head = await rpc.call("eth_getBlockByNumber", ["latest", False])
+    if not isinstance(head, dict):
+        raise UnexpectedAnswer("eth_getBlockByNumber: no latest block")
+    block = _quantity(head.get("number"), "eth_getBlockByNumber number")
+    timestamp = _quantity(head.get("timestamp"), "eth_getBlockByNumber timestamp")
+    if await _authorization_used(rpc, ref, block):
+        candidates = list(dict.fromkeys(_tx_hash(h) for h in tx_hashes))
+        return ref, block, await _find_use(rpc, ref, candidates, block, max(0, lookback))
+    if timestamp >= ref.valid_before:
+        return ref, block, CannotMove(f"authorization expired unused (validBefore "
+                                      f"{ref.valid_before}, block {block} at {timestamp})")
+    return ref, block, None
+
+
+async def _nonce(rpc: JsonRpc, address: str, block: str) -> int:
+    return _quantity(await rpc.call("eth_getTransactionCount", [address, block]),
+                     "eth_getTransactionCount")
 
 
 async def _authorization_used(rpc: JsonRpc, ref: _Eip3009Ref, block: int) -> bool:

@@ -113,6 +113,12 @@ class ThreadedFacilitator:
         if use is not None:  # one lock per key (no chain call: the node may be down at startup)
             use(lock_for(f"evm:{self._evm_signer.address.lower()}"))
 
+    def evm_sending(self) -> tuple[str, Any] | None:
+        """The EVM key this facilitator settles from and its send lock (after `share_sends`),
+        or None: what the reconciler needs to prove an unsent settlement moved nothing."""
+        lock = getattr(self._evm_signer, "send_lock", None)
+        return (self._evm_signer.address, lock) if lock is not None else None
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -48,6 +48,12 @@ class ResilientFacilitatorWeb3Signer(FacilitatorWeb3Signer):
             self._send_lock = ProcessSendLock()
         return self._send_lock
 
+    @property
+    def send_lock(self) -> SendLock:
+        """The lock held from reading this key's nonce to the node's answer on a send (the
+        reconciler holds it too, to prove nothing of ours is on its way)."""
+        return self._lock()
+
     def write_contract(self, address: str, abi: list[dict[str, Any]], function_name: str,
                        *args: Any, data_suffix: str | None = None) -> str:
         contract = self._w3.eth.contract(address=Web3.to_checksum_address(address), abi=abi)
