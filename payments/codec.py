@@ -4,7 +4,7 @@ The SDK reads only `PAYMENT-SIGNATURE` with v2 payloads. Real clients send v1 pa
 `X-PAYMENT` too, and base64 in padded, unpadded and URL-safe forms. This module decodes all of
 them (deciding by the JSON's `x402Version`), and the `SIGN-IN-WITH-X` wallet proof, through one
 reader (`decode_json_header`): the size capped before anything is decoded, the JSON bounded by
-`skills.wire_json` (nesting depth, number length) before a parser recurses into it. It encodes the
+`wire.wire_json` (nesting depth, number length) before a parser recurses into it. It encodes the
 402 and receipt headers. It never logs a payload: a signature is a bearer instrument until settled.
 """
 
@@ -25,7 +25,7 @@ from x402.schemas import (
     SettleResponse,
 )
 
-from skills import wire_json
+from wire import wire_json
 
 PAYMENT_HEADERS = ("PAYMENT-SIGNATURE", "X-PAYMENT")
 RECEIPT_HEADERS = ("PAYMENT-RESPONSE", "X-PAYMENT-RESPONSE")
@@ -60,7 +60,7 @@ def encode_json_b64(obj: Any) -> str:
 
 def decode_json_header(value: str, header: str, max_bytes: int = MAX_JSON_HEADER_BYTES) -> Any:
     """The JSON a header carries as base64 (any form): its size checked first, then decoded and
-    parsed within `skills.wire_json`'s limits. PaymentHeaderError naming `header` otherwise."""
+    parsed within `wire.wire_json`'s limits. PaymentHeaderError naming `header` otherwise."""
     if len(value) > max_bytes:
         raise PaymentHeaderError(
             f"{header} is {len(value)} bytes; at most {max_bytes} bytes are accepted", header

@@ -16,8 +16,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from agent.pipeline.timing import Timings
 from agent.serving import YOUNG_THRESHOLD, tune_garbage_collector, uvicorn_config
 from compat.openai_common import DONE, EventStream, _ClientWatch, sse
-from skills import tokenizers, wire_json
+from skills import tokenizers
 from skills import tokens as tok
+from wire import wire_json
 
 
 @pytest.mark.parametrize("raw", [

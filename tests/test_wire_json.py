@@ -1,4 +1,4 @@
-"""The JSON limits every body passes before a parser sees it (skills/wire_json.py)."""
+"""The JSON limits every body passes before a parser sees it (wire/wire_json.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from agent import hygiene
-from skills import wire_json
-from skills.wire_json import MAX_DEPTH, MAX_NUMBER_DIGITS, JsonLimitError
+from wire import wire_json
+from wire.wire_json import MAX_DEPTH, MAX_NUMBER_DIGITS, JsonLimitError
 
 
 def _nested(depth: int) -> bytes:

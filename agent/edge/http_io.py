@@ -21,7 +21,7 @@ from payments.codec import (
     v1_body,
 )
 from payments.payer_mistakes import how_to_pay, misplaced_payment
-from skills import wire_json
+from wire import wire_json
 
 json_bytes = wire_json.dumps  # JSON as faces send it: compact UTF-8, one codec for every face
 json_value = wire_json.loads  # JSON as faces read what is already bounded (their own answers)
@@ -76,7 +76,7 @@ def page_headers(cache_control: str) -> dict[str, str]:
 
 
 def parse_json(raw: bytes) -> Any:
-    """A body's JSON, bounded (see skills.wire_json) before any parser recurses into it."""
+    """A body's JSON, bounded (see wire.wire_json) before any parser recurses into it."""
     try:
         return wire_json.loads(raw)
     except wire_json.JsonLimitError as exc:

@@ -43,8 +43,8 @@ from x402.extensions.bazaar import (
 
 from agent.pipeline.catalogue import Catalogue, sellable
 from agent.pipeline.price_terms import PriceTerms
-from skills import wire_json
 from skills.skill import Skill
+from wire import wire_json
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,6 @@ from payments.processor import (
 from payments.rate_limits import RateLimits, Throttled
 from payments.reconciler import Reconciler
 from payments.settlement_outcome import SETTLEMENT_PENDING, Moved, NotMoved, Unknown, classify
-from skills import wire_json
 from skills.errors import (
     SkillError,
     SkillInputError,
@@ -77,6 +76,7 @@ from skills.errors import (
 )
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult, StreamUsage
+from wire import wire_json
 
 log = logging.getLogger(__name__)
 

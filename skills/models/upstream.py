@@ -25,7 +25,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from .. import wire_json
+from wire import wire_json
+
 from ..errors import UpstreamError, UpstreamRejected, UpstreamTimeout
 
 RETRYABLE = {408, 409, 425, 429, 500, 502, 503, 504}
