@@ -18,7 +18,6 @@ call.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +43,8 @@ from x402.schemas import (
     SettleResponse,
 )
 
+from wire import wire_json
+
 from .client_limits import (
     DEFAULT_LIMITS,
     NO_COMPRESSION,
@@ -52,7 +53,7 @@ from .client_limits import (
     read_bounded,
     retry_delay,
 )
-from .codec import REQUIRED_HEADER, decode_base64_any, encode_json_b64
+from .codec import REQUIRED_HEADER, decode_json_header, encode_json_b64
 from .money import atomic_to_usd, display_usd
 from .networks import KNOWN_NETWORKS, lookup_network
 
@@ -115,7 +116,9 @@ class Answer:
     body: bytes
 
     def json(self) -> Any:
-        return json.loads(self.body)
+        """The body's JSON, within the bounded reader's nesting and number limits (a hostile
+        server's deep JSON is a ValueError here, never a RecursionError)."""
+        return wire_json.loads(self.body)
 
 
 def parse_402(answer: Answer) -> PaymentRequired | PaymentRequiredV1:
@@ -123,7 +126,7 @@ def parse_402(answer: Answer) -> PaymentRequired | PaymentRequiredV1:
     header = answer.headers.get(REQUIRED_HEADER)
     try:
         if header:
-            return PaymentRequired.model_validate(json.loads(decode_base64_any(header)))
+            return PaymentRequired.model_validate(decode_json_header(header, REQUIRED_HEADER))
         data = answer.json()
         if isinstance(data, dict) and data.get("x402Version") == 2:
             return PaymentRequired.model_validate(data)
@@ -161,7 +164,7 @@ def receipt_from(headers: httpx.Headers) -> SettleResponse | None:
     if not value:
         return None
     try:
-        return SettleResponse.model_validate(json.loads(decode_base64_any(value)))
+        return SettleResponse.model_validate(decode_json_header(value, "PAYMENT-RESPONSE"))
     except ValueError:
         return None
 

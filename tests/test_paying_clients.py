@@ -135,6 +135,20 @@ async def test_a_flooded_quote_is_refused_within_a_bounded_read(
     assert not [p for p in seller.paid if p.path == path]
 
 
+@pytest.mark.parametrize("path", ["/deep-header", "/deep-body"])
+async def test_a_quote_nested_past_any_recursion_limit_is_refused_in_one_line(
+        seller: HostileSeller, path: str) -> None:
+    refused, _, _ = await measured(pay(seller.url + path, keys=evm_payer()), 30)
+    assert isinstance(refused, PayError), refused  # not a RecursionError
+    assert "without an x402 quote" in str(refused) and "nested deeper than 64" in str(refused)
+    assert not [p for p in seller.paid if p.path == path]
+
+
+async def test_a_receipt_nested_past_any_recursion_limit_is_no_receipt(seller: HostileSeller) -> None:
+    answer = await pay(seller.url + "/deep-receipt", keys=evm_payer())
+    assert answer.status == 200 and answer.receipt is None
+
+
 async def test_a_flooded_paid_answer_is_not_read_and_the_payment_not_sent_again(
         seller: HostileSeller) -> None:
     refused, peak, _ = await measured(pay(seller.url + "/answer-flood", keys=evm_payer()), 60)

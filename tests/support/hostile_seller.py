@@ -6,6 +6,10 @@ free loopback port (stdlib server, one thread per connection). Each path is one 
   connection closes), written 64 KiB at a time from one reused chunk: the server holds 64 KiB
   whatever the client does.
 - /header-flood: a 402 whose PAYMENT-REQUIRED header is 1 MiB.
+- /deep-header, /deep-body: a 402 whose PAYMENT-REQUIRED header (3 KB of base64), or JSON body,
+  nests 1,200 arrays deep (a parser that recurses would raise RecursionError).
+- /deep-receipt: a usual quote; the paid request answers 200 with a PAYMENT-RESPONSE nesting
+  1,200 arrays deep.
 - /answer-flood: a usual quote; the paid request answers 200 with a 300 MiB body (as above).
 - /pending: a usual quote; every paid request answers 503 `settlement_pending` with
   `Retry-After: {retry_after}`.
@@ -18,6 +22,7 @@ the payment header as sent); `sent` counts the flood bytes written before the cl
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -33,6 +38,7 @@ from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from tests.support.loopback_http import JSONHandler, LoopbackServer
 
 FLOOD_BYTES = 300 * 2**20
+DEEP = b"[" * 1200 + b"]" * 1200  # JSON nested past any recursion limit
 CHUNK = b"x" * (64 * 1024)
 PRICE = "1000"  # $0.001
 PAY_TO = "0x209693Bc6afc0C5328bA36FaF03C514EF312287C"
@@ -116,6 +122,8 @@ class _Handler(JSONHandler):
         self.seller._record(Paid(time.monotonic(), self.path, payment))
         if self.path == "/answer-flood":
             self._flood(200, b'{"padding": "', b'"}')
+        elif self.path == "/deep-receipt":
+            self._send(200, {"answer": 42}, {"PAYMENT-RESPONSE": base64.b64encode(DEEP).decode()})
         elif self.path == "/pending":
             self._send(503, {"error": {"code": "settlement_pending", "message": "retry"}},
                        {"Retry-After": self.seller.retry_after})
@@ -129,6 +137,10 @@ class _Handler(JSONHandler):
             self._flood(402, b'{"x402Version": 1, "accepts": [], "padding": "', b'"}')
         elif self.path == "/header-flood":
             self._send(402, {"x402Version": 2}, {"PAYMENT-REQUIRED": "A" * 2**20})
+        elif self.path == "/deep-header":
+            self._send(402, {"x402Version": 2}, {"PAYMENT-REQUIRED": base64.b64encode(DEEP).decode()})
+        elif self.path == "/deep-body":
+            self._raw(402, DEEP)
         else:
             self._send(402, {"x402Version": 2}, {"PAYMENT-REQUIRED": header})
 
@@ -153,6 +165,13 @@ class _Handler(JSONHandler):
         self.send_response(status)
         for name, value in {"Content-Type": "application/json", **(headers or {})}.items():
             self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _raw(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
