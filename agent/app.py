@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,9 +260,10 @@ def rate_limits(settings: Settings) -> RateLimits:
         max_keys=settings.rate_tracked_keys)
 
 
-def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: Any
+def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: Callable[[], Any]
                ) -> tuple[list[Any], Any]:
-    """JSON-RPC at /a2a and /a2a/ (1.0 and 0.3 method names), tasks in the ledger's database."""
+    """JSON-RPC at /a2a and /a2a/ (1.0 and 0.3 method names), tasks in the ledger's database;
+    `card`: the card factory, so the handler checks the card as it is now."""
     from a2a.server.routes import create_jsonrpc_routes
 
     from agent.a2a.executor import OwnerContextBuilder, PaywireExecutor, task_owner
@@ -279,7 +280,7 @@ def a2a_routes(gateway: Gateway, engine: AsyncEngine, settings: Settings, card: 
     handler = PaywireRequestHandler(
         agent_executor=PaywireExecutor(gateway, f"{settings.base_url}/a2a", store=store),
         task_store=store,
-        agent_card=card,
+        card=card,
         interrupted_task_timeout=float(settings.a2a_payment_timeout_seconds),
     )
     builder = OwnerContextBuilder()
@@ -375,7 +376,6 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     resources = ResourceContext()  # build_registry gives it the declared variables only
     registry = build_registry(settings, upstreams, resources)
     processor = build_payments(settings, devnet)
-    registry.add(make_help_skill(registry, f"{settings.base_url}/api/marketplace/apis"))
     policy = SettlementPolicy(
         lease_seconds=settings.settlement_lease_seconds,
         keep_result_seconds=settings.result_keep_seconds,
@@ -394,12 +394,14 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       # an underfunded payer's refusal: its balance, read on the reconciler's RPCs
                       payer_mistakes=PayerMistakes(chain_rpcs.get, faucet_url=(
                           f"{settings.base_url}/devnet/faucet" if devnet is not None else None)))
+    # help lists what the catalogue sells now (the one availability rule)
+    registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
                       metrics)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
-    a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings, card_factory())
+    a2a, (task_store, a2a_handler) = a2a_routes(gateway, engine, settings, card_factory)
     mcp = McpFace(gateway, settings.base_url, settings.max_body_bytes)  # /mcp: the skills as MCP tools
 
     @contextlib.asynccontextmanager

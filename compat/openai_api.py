@@ -2,7 +2,8 @@
 
 Only translation lives here: a request body becomes a CallRequest on the model skill, an Outcome
 becomes OpenAI's JSON, SSE chunks (`data: [DONE]` at the end, an error event if the upstream
-breaks mid-stream), or `{"error": {message, type, param, code}}`.
+breaks mid-stream), or `{"error": {message, type, param, code}}`. GET /v1/models lists the models
+a call can buy now (agent/pipeline/catalogue.py's one availability rule).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent.pipeline.bazaar import HttpRoute
+from agent.pipeline.catalogue import Catalogue
 from agent.pipeline.gateway import Gateway
 
 from . import openai_media, openai_text
@@ -23,11 +25,11 @@ if TYPE_CHECKING:
     from skills.skill import Skill
 
 
-def _model_object(skill: Skill) -> dict[str, Any]:
-    """OpenAI's model object plus paywire's price and availability fields."""
-    info = skill.info() if skill.info else {}
+def _model_object(catalogue: Catalogue, skill: Skill) -> dict[str, Any]:
+    """OpenAI's model object plus paywire's facts: prices, and availability by the one rule."""
+    facts = catalogue.model_facts(skill)
     return {"id": skill.id, "object": "model", "created": 0,
-            "owned_by": info.get("family", "paywire"), **info}
+            "owned_by": facts.get("family", "paywire"), **facts}
 
 
 CHAT_ROUTE = ("/v1/chat/completions", "chat.completions")
@@ -52,12 +54,17 @@ def described_routes(gateway: Gateway) -> list[HttpRoute]:
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
            max_upload_bytes: int = openai_media.MAX_UPLOAD_BYTES) -> list[Route]:
     async def list_models(request: Request) -> Response:
-        data = [_model_object(skill) for skill in gateway.catalogue.of_kind("model")]
+        # OpenAI lists the models a caller can use, and tools built on it (model pickers) offer
+        # every one listed: a model a call cannot buy now (switched off, not configured) is left
+        # out. GET /catalogue/models lists them all, each with `available` and `reason`.
+        catalogue = gateway.catalogue
+        data = [_model_object(catalogue, skill) for skill in catalogue.for_sale("model")]
         return JSONResponse({"object": "list", "data": data})
 
     async def retrieve_model(request: Request) -> Response:
+        """Any model of the table, marked: `available` false with the `reason` its call's 503 gives."""
         skill = find_model(gateway, request.path_params["model"])
-        return JSONResponse(_model_object(skill))
+        return JSONResponse(_model_object(gateway.catalogue, skill))
 
     return [
         json_model_route(gateway, *CHAT_ROUTE, max_body_bytes, base_url),

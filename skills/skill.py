@@ -10,6 +10,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match, relevance
 
+from .described import schema_of
 from .errors import SkillInputError
 
 Payload = dict[str, Any]
@@ -59,6 +60,10 @@ class Operation:
     # Whether pricing this payload may hold its thread for long (a tokenizer to load first, a long
     # text to count): the gateway then prices it in a worker thread, off the event loop.
     pricer_blocks: Callable[[Payload], bool] | None = None
+    # What this model's endpoint allows beyond its route's field table, as JSON Schema (its output
+    # caps, its image sizes): built from the values its validator checks, for the faces that
+    # describe the route's body per model.
+    request_schema: dict[str, Any] | None = None
 
 
 @dataclass
@@ -106,6 +111,13 @@ class Skill:
             price_floor_usd=fixed if fixed is not None else self.price_floor_usd,
             price_cap_usd=fixed if fixed is not None else self.price_cap_usd,
             price_rule=None if fixed is not None else self.price_rule)
+
+    @property
+    def body_schema(self) -> dict[str, Any]:
+        """The body this skill accepts, as its description shows it (OpenAPI): its input schema, and
+        what its validator declares it enforces besides (skills/described.py)."""
+        declared = schema_of(self.validator)
+        return self.input_schema if declared is None else {"allOf": [self.input_schema, declared]}
 
     def operation(self, name: str | None = None) -> Operation:
         """The endpoint a call runs: named, or the skill's default. SkillInputError if unknown."""

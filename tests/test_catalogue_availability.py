@@ -9,8 +9,11 @@ quote: it can be bought) or 503 (its message says why). Then:
 - the marketplace catalogue (`/api/marketplace/apis`), `/catalogue/skills/{id}` and
   `/catalogue/models` (the catalogue page's data), for people: every skill, `available` as the
   call answers and, when it is not, the `reason` the 503 gives;
-- MCP `tools/list`, the agent card (both versions) and `/discovery/resources`, for machines that
-  would buy: exactly the skills a call can buy;
+- MCP `tools/list`, the agent card (both versions), `/discovery/resources`, OpenAI's
+  `GET /v1/models` (read by the official `openai` client) and the free `help` skill (over A2A and
+  MCP), for machines that would buy: exactly the skills a call can buy; a model left out is still
+  described by `GET /v1/models/{id}` (`available`, `reason`), and called anyway (REST, an MCP
+  model tool) it answers its 503;
 - the OpenAPI document: a path per resource (each answers, never 404), available ones priced.
 """
 
@@ -27,6 +30,7 @@ import httpx
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from openai import AsyncOpenAI
 
 from compat.openai_api import model_routes
 from tests.support.live_server import LiveServer, start_server
@@ -38,6 +42,7 @@ NANSEN = ("v1beta1-tgm-historical-token-quant-scores", "v1beta1-smart-money-hist
 SWITCHED_OFF = ("restaurant-review-sentiment", "gpt-4o-mini")  # a resource and a model
 WHY = "upstream maintenance until noon"
 MARKETPLACE = "/v1/marketplace/api/"
+HI = [{"role": "user", "content": "hi"}]
 
 
 @dataclass
@@ -160,6 +165,28 @@ async def _mcp_tools(url: str) -> list[Any]:
                     return tools
 
 
+async def _mcp_help_and_model_call(url: str, tool: str, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The help tool's answer, and the error of the model tool `tool` called on `model`."""
+    async with streamable_http_client(f"{url}/mcp") as (read, write, _):
+        async with ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            helped = await mcp.call_tool("help", {})
+            called = await mcp.call_tool(tool, {"model": model, "messages": HI})
+    assert not helped.isError and helped.structuredContent is not None
+    assert called.isError and called.structuredContent is not None
+    return helped.structuredContent, called.structuredContent["error"]
+
+
+async def _a2a_help(http: httpx.AsyncClient) -> dict[str, Any]:
+    """What the free help skill answers a plain-text A2A message (its result's data part)."""
+    message = {"role": "user", "messageId": "1", "parts": [{"kind": "text", "text": "what do you sell?"}]}
+    answer = await http.post("/a2a", json={"jsonrpc": "2.0", "id": 1, "method": "message/send",
+                                           "params": {"message": message}})
+    task = answer.json()["result"]
+    assert task["status"]["state"] == "completed", task["status"]
+    return next(p["data"] for a in task["artifacts"] for p in a["parts"] if "data" in p)
+
+
 async def _discovered(http: httpx.AsyncClient) -> list[dict[str, Any]]:
     items, offset = [], 0
     while True:
@@ -216,6 +243,28 @@ async def test_every_listing_says_what_a_call_answers(gateway: Gateway, http: ht
         assert {s["id"] for s in card["skills"]} == buyable | {"help"}, path
         assert f"sells {len(buyable)} AI and data skills" in card["description"]
 
+    # OpenAI's list, as the official client reads it: the models a call can buy (model pickers
+    # offer every model listed); any model by its id: marked as its call answers
+    openai = AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    assert {m.id async for m in openai.models.list()} == buyable & models
+    for skill_id in models:
+        retrieved = await http.get(f"/v1/models/{skill_id}")
+        assert retrieved.status_code == 200 and retrieved.json()["id"] == skill_id
+        _agrees(f"/v1/models/{skill_id}", retrieved.json(), answers[skill_id])
+    switched_model = await http.post(operation_path("chat.completions"), json={
+        "model": SWITCHED_OFF[1], "messages": HI})  # called anyway
+    assert switched_model.status_code == 503, switched_model.text
+    assert switched_model.json()["error"]["code"] == "skill_disabled"
+
+    # help, over A2A (plain text) and MCP (its tool): what a call can buy, as the card says
+    helped, mcp_called = await _mcp_help_and_model_call(gateway.url, "chat_completions", SWITCHED_OFF[1])
+    for where, answer in (("A2A help", await _a2a_help(http)), ("MCP help", helped)):
+        assert {s["skill"] for s in answer["skills"]} == buyable, where
+        assert f"paywire sells {len(buyable)} skills" in answer["text"], where
+    # a model left out of the MCP tool's enum, named anyway: its 503, as on REST
+    assert (mcp_called["status"], mcp_called["code"]) == (503, "skill_disabled"), mcp_called
+    assert f"switched off by the operator: {WHY}" in mcp_called["message"]
+
     discovered = await _discovered(http)
     base = gateway.url
     per_skill = {i["resource"].removeprefix(base + MARKETPLACE) for i in discovered
@@ -239,7 +288,7 @@ async def test_every_listing_says_what_a_call_answers(gateway: Gateway, http: ht
 
 async def test_switching_a_skill_back_on_lists_it_everywhere_at_once(gateway: Gateway,
                                                                      http: httpx.AsyncClient) -> None:
-    """The cached listings (the card, the MCP tools) follow the operator's switch at once."""
+    """The cached listings (the card, the MCP tools) and help follow the operator's switch at once."""
     token = gateway.live.runtime.settings.secret("admin_token")
     auth = {"Authorization": f"Bearer {token}"}
     skill_id = SWITCHED_OFF[0]
@@ -253,6 +302,7 @@ async def test_switching_a_skill_back_on_lists_it_everywhere_at_once(gateway: Ga
         assert card == before | {skill_id}
         tools = await _mcp_tools(gateway.url)
         assert skill_id in {(t.meta or {}).get("paywire/skill") for t in tools}
+        assert skill_id in {s["skill"] for s in (await _a2a_help(http))["skills"]}
         item = next(i for i in await _resources(http) if i["resource_id"] == skill_id)
         assert item["available"] is True and "reason" not in item
     finally:

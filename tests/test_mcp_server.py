@@ -289,7 +289,10 @@ def test_the_edge_bounds_mcp_bodies_before_the_sdk_parses_them(env: Env) -> None
     assert deep.status_code == 400 and deep.json()["error"]["code"] == -32700
     unknown = httpx.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                                     "params": {"name": "nope", "arguments": {}}}, headers=headers, timeout=30)
-    assert unknown.status_code == 200 and "unknown tool 'nope'" in unknown.json()["error"]["message"]
+    error = unknown.json()["error"]  # names the field, never repeats the caller's text
+    assert unknown.status_code == 200 and error["code"] == -32602 and "nope" not in unknown.text
+    assert error["message"] == "unknown tool; tools/list names the tools"
+    assert error["data"] == {"code": "unknown_tool", "param": "params.name"}
     assert "x-request-id" in unknown.headers and "server-timing" in unknown.headers
     # stateless: no idle GET stream to hold open, no session to DELETE
     for method in ("GET", "DELETE"):

@@ -196,10 +196,10 @@ def test_unknown_and_unconfigured_models(env: Env) -> None:
     assert r.status_code == 503 and "DEEPSEEK_API_KEY" in r.json()["error"]["message"]
     models = httpx.get(f"{env.gateway.url}/v1/models").json()
     assert models["object"] == "list"
-    by_id = {m["id"]: m for m in models["data"]}
-    assert by_id["gpt-4o-mini"]["available"] is True
-    assert by_id["deepseek-chat"]["available"] is False
-    assert "DEEPSEEK_API_KEY" in by_id["deepseek-chat"]["enable_with"]
+    by_id = {m["id"]: m for m in models["data"]}  # the models a call can buy
+    assert by_id["gpt-4o-mini"]["available"] is True and "deepseek-chat" not in by_id
+    deepseek = httpx.get(f"{env.gateway.url}/v1/models/deepseek-chat").json()  # any model, marked
+    assert deepseek["available"] is False and "DEEPSEEK_API_KEY" in deepseek["enable_with"]
 
 
 def test_operator_model_table_and_free_models(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -278,11 +278,16 @@ def test_official_client_lists_and_retrieves_models_with_prices_and_availability
             slashed = await client.models.retrieve("meta-llama/llama-3.3-70b-instruct")
             with pytest.raises(openai.NotFoundError) as missing:
                 await client.models.retrieve("no-such-model")
-            return listed, one, slashed, missing.value
+            left_out = [await client.models.retrieve(i) for i in set(catalog) - {m.id for m in listed}]
+            return listed, one, slashed, missing.value, left_out
 
-    listed, one, slashed, missing = asyncio.run(go())
     catalog = load_catalog().models
-    assert {m.id for m in listed} == set(catalog) and len(listed) == len(catalog)
+    listed, one, slashed, missing, left_out = asyncio.run(go())
+    # listed: the models a call can buy (each available); the others, retrieved, say why not
+    assert {m.id for m in listed} <= set(catalog) and len(listed) == len({m.id for m in listed})
+    assert all((m.model_extra or {})["available"] is True for m in listed)
+    assert left_out and all((m.model_extra or {})["available"] is False and (m.model_extra or {})["reason"]
+                            for m in left_out)
     assert one.id == "gpt-4o-mini" and one.object == "model"
     extra = one.model_extra or {}
     assert extra["available"] is True

@@ -153,11 +153,9 @@ def routes(gateway: Gateway, base_url: str, version: str, devnet_dir: Path | Non
     async def models(request: Request) -> Response:
         data = []
         for skill in catalogue.of_kind("model"):
-            info = {k: v for k, v in (skill.info() if skill.info else {}).items()
-                    if k not in ("available", "reason")}  # the catalogue's availability says them
             operation = next(iter(skill.operations), None)
             data.append({
-                "id": skill.id, "name": skill.name, **info, **catalogue.availability(skill).as_json(),
+                "id": skill.id, "name": skill.name, **catalogue.model_facts(skill),
                 "endpoint": operation_path(operation) if operation else None,
                 "price": catalogue.price_terms(skill, operation).as_json(),
             })

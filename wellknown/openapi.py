@@ -32,6 +32,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from x402.schemas import PaymentRequiredV1
 
+from agent.edge import rpc
+from agent.edge.rpc import Envelope
 from agent.pipeline.gateway import Gateway
 from agent.pipeline.price_terms import PriceTerms, route_terms
 
@@ -90,11 +92,6 @@ _OWN_SCHEMAS: dict[str, Any] = {
         "required": ["jsonrpc", "error"]},
     "A2AError": {"anyOf": [_ref("JsonRpcError"), _ref("Error")], "description": "JSON-RPC's error for a "
                  "request refused at the edge; OpenAI's error shape for a call the pipeline refused."},
-    "JsonRpcRequest": {"type": "object", "properties": {
-        "jsonrpc": {"const": "2.0"}, "id": {"type": ["string", "integer"]},
-        "method": {"type": "string", "description": "A2A 1.0 (SendMessage, GetTask...) or 0.3 (message/send, "
-                                                    "tasks/get...) method names."},
-        "params": {"type": "object"}}, "required": ["jsonrpc", "method"]},
     "JsonRpcResponse": {"type": "object", "description": "A JSON-RPC 2.0 answer: `result` or `error`.",
                         "properties": {"jsonrpc": {"const": "2.0"},
                                        "id": {"type": ["string", "integer", "null"]},
@@ -153,6 +150,9 @@ _OWN_SCHEMAS: dict[str, Any] = {
             "limit": {"type": "integer"}, "offset": {"type": "integer"}, "total": {"type": "integer"}}}},
         "required": ["items"]},
     "AnyObject": {"type": "object"},
+    "Probe": {"type": "object", "maxProperties": 0, "description": "An empty body (or none at all) "
+              "without a payment: an indexer's probe, answered with the route's quote (402; a route over "
+              "many models quotes its minimum). With a payment it is refused like any invalid body."},
     "X402Manifest": {"type": "object", "properties": {
         "x402Version": {"type": "integer"}, "kind": {"type": "string"}, "name": {"type": "string"},
         "discovery": {"type": "object", "properties": {"resources": {"type": "string"},
@@ -173,6 +173,41 @@ _OWN_SCHEMAS: dict[str, Any] = {
 }
 
 
+def _rpc_schemas() -> dict[str, Any]:
+    """What the JSON-RPC edge (agent/edge/rpc.py `check_envelope`) lets through on /a2a and /mcp, by
+    each face's envelope: a request (jsonrpc "2.0", a plain id, a non-empty method, params an
+    object), and on MCP a notification (no id) or a client's reply. A method's own params are the
+    protocol's to check (A2A, MCP): a JSON-RPC error in a 200."""
+    def plain_id(envelope: Envelope) -> dict[str, Any]:
+        kinds = [{"type": "string", "maxLength": rpc.MAX_ID_CHARS},
+                 {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}]
+        return {"anyOf": [*kinds, *([{"type": "null"}] if envelope.null_id else [])]}
+
+    def request(envelope: Envelope, methods: str) -> dict[str, Any]:
+        return {"type": "object", "properties": {
+            "jsonrpc": {"const": "2.0"}, "id": plain_id(envelope),
+            "method": {"type": "string", "minLength": 1, "description": methods},
+            "params": {"type": "object"}}, "required": ["jsonrpc", "method"]}
+
+    a2a = request(rpc.A2A_ENVELOPE, "A2A 1.0 (SendMessage, GetTask...) or 0.3 (message/send, tasks/get...) "
+                                    "method names.")
+    mcp = request(rpc.MCP_ENVELOPE, "initialize, ping, tools/list, tools/call (another method: a JSON-RPC "
+                                    "error); without an id, a notification.")
+    # the MCP SDK reads a reply's error as its ErrorData (pydantic, lax): a code a boolean or digits
+    # also pass as a whole number
+    code = {"anyOf": [{"type": "integer"}, {"type": "boolean"},
+                      {"type": "string", "pattern": "^[+-]?[0-9]+$"}]}
+    reply = {"type": "object", "description": "A client's answer to a server request (this stateless "
+             "server sends none: taken, 202, and ignored).", "properties": {
+                 "jsonrpc": {"const": "2.0"}, "id": plain_id(rpc.MCP_ENVELOPE), "result": {"type": "object"},
+                 "error": {"type": "object", "properties": {"code": code, "message": {"type": "string"},
+                                                            "data": {}}, "required": ["code", "message"]}},
+        "required": ["jsonrpc", "id"], "oneOf": [{"required": ["result"]}, {"required": ["error"]}],
+        "not": {"required": ["method"]}}
+    return {"JsonRpcRequest": {**a2a, "required": ["jsonrpc", "id", "method"]},
+            "McpMessage": {"anyOf": [mcp, reply] if rpc.MCP_ENVELOPE.replies else [mcp]}}
+
+
 def _payment_required_schemas() -> dict[str, Any]:
     """The 402 body: the x402 SDK's v1 PaymentRequired (what legacy clients read), plus paywire's
     `reason` for a refused payment; v2 is the `PAYMENT-REQUIRED` header."""
@@ -181,6 +216,8 @@ def _payment_required_schemas() -> dict[str, Any]:
     defs = schema.pop("$defs", {})
     schema["properties"]["reason"] = {"type": "string", "description": "Why a payment was refused "
                                       "(the SDK's reason code), absent on a plain quote."}
+    schema["properties"]["message"] = {"type": "string", "description": "On the /v1 model routes: "
+                                       "how to pay, in words (where OpenAI's clients read an error)."}
     return {**defs, "PaymentRequired": schema}
 
 
@@ -193,32 +230,52 @@ _HEADERS = {
                            "schema": {"type": "string"}},
     "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "string"}},
 }
+_PAYMENT_HEADER = {"type": "string", "contentEncoding": "base64", "contentMediaType": "application/json"}
+# x402 v2's payment header is the security scheme; v1's name for it, a parameter
 _PAYMENT_PARAMETERS = [
-    {"name": "PAYMENT-SIGNATURE", "in": "header", "required": False, "schema": {"type": "string"},
-     "description": "x402 v2 payment payload (base64 JSON), signed for one of the 402's `accepts`."},
-    {"name": "X-PAYMENT", "in": "header", "required": False, "schema": {"type": "string"},
-     "description": "The payment under x402 v1's header name (either header; not both needed)."},
+    {"name": "X-PAYMENT", "in": "header", "required": False, "schema": _PAYMENT_HEADER,
+     "description": "The payment under x402 v1's header name (instead of `PAYMENT-SIGNATURE`)."},
 ]
 _X402_SCHEME = {
-    "type": "http", "scheme": "X402",
+    "type": "apiKey", "in": "header", "name": "PAYMENT-SIGNATURE",
     "description": "x402 (https://x402.org): call without payment to get HTTP 402 with the price in the "
                    "`PAYMENT-REQUIRED` header (and the v1 JSON body); sign one of its `accepts` (USDC on "
                    "Base or Solana) and repeat the identical request with the payment in "
-                   "`PAYMENT-SIGNATURE` (or `X-PAYMENT`). The 200 carries the settlement receipt in "
+                   "`PAYMENT-SIGNATURE` (x402 v2's payment payload, base64 JSON, standard or URL-safe; "
+                   "or in `X-PAYMENT`). Not base64 JSON: 400 `invalid_payment_header`; a payment that does "
+                   "not pay the quote: 402 saying why. The 200 carries the settlement receipt in "
                    "`PAYMENT-RESPONSE`.",
 }
-_ERROR_CODES = {
-    "400": "Invalid input: the error names the field (`param`) and how to fix it.",
-    "403": "The payer is on the operator's deny list.",
-    "404": "No such model or resource.",
-    "409": "The payment is being settled for another request, or was already used for other input.",
-    "413": "The body is larger than the limit.",
-    "429": "Too many quotes or refused payments from this client; see Retry-After.",
-    "502": "The upstream failed; nothing was charged.",
-    "503": "Not available now (payments not ready, the skill switched off or not configured, a "
-           "settlement pending); see Retry-After.",
-    "504": "The upstream timed out; nothing was charged.",
+_ERROR_CODES = {  # every error a route may answer, by status; the codes (`error.code`) each can carry
+    "400": "Invalid input (`invalid_input`, `invalid_body`, `invalid_form`, `invalid_content_type`, "
+           "`missing_model`, `unsupported_operation`, `invalid_parameter`), an invalid payment header "
+           "(`invalid_payment_header`, `invalid_payment_identifier`), or the upstream refused the "
+           "request (`upstream_error`): the error names the field (`param`) and how to fix it.",
+    "403": "The payer is on the operator's deny list (`payer_denied`); nothing was charged.",
+    "404": "No such model (`model_not_found`) or resource (`unknown_resource`).",
+    "408": "The request's headers or body did not arrive in time (`request_timeout`); the connection "
+           "is closed.",
+    "409": "The payment is being settled for another request (`payment_in_progress`), or was already "
+           "used for other input (`payment_identifier_conflict`).",
+    "413": "The body (`body_too_large`) or upload (`upload_too_large`) is larger than the limit.",
+    "429": "Too many quotes or refused payments from this client or payer (`rate_limited`); see "
+           "Retry-After.",
+    "500": "The skill failed (`skill_failed`); nothing was charged.",
+    "502": "The upstream failed (`upstream_error`); nothing was charged.",
+    "503": "Not available now: switched off by the operator (`skill_disabled`), not configured here "
+           "(`skill_unavailable`, `model_unavailable`), payments not ready (`facilitator_unavailable`), "
+           "the ledger unreachable (`ledger_unavailable`), or a settlement still pending "
+           "(`settlement_pending`, `cancelled_before_settlement`); see Retry-After.",
+    "504": "The upstream timed out (`upstream_error`); nothing was charged.",
 }
+_RETRY_AFTER = ("429", "503")
+# What each kind of operation may answer besides 200 (and a paid one's 402)
+_PAID_ERRORS = ("400", "403", "404", "408", "409", "413", "429", "500", "502", "503", "504")
+_FREE_CALL_ERRORS = ("400", "404", "408", "413", "500", "502", "503", "504")  # a free skill: no payment
+_READ_ERRORS = ("408",)  # a GET: only a slow client
+# /a2a answers its errors as JSON-RPC in HTTP 200, but for the statuses a plain HTTP client acts on
+# (agent/edge/http_io.py A2A_HTTP_STATUSES) and server-side failures
+_A2A_ERRORS = ("401", "403", "408", "429", "500", "502", "503", "504")
 
 
 _ERROR_SHAPES = ("Error", "MarketplaceError", "A2AError")
@@ -231,8 +288,10 @@ def _error_responses() -> dict[str, Any]:
     for shape in _ERROR_SHAPES:
         for code, text in _ERROR_CODES.items():
             response = out[f"{shape}{code}"] = {"description": text, "content": _json(_ref(shape))}
-            if code in ("429", "503"):
+            if code in _RETRY_AFTER:
                 response["headers"] = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
+    out["Error401"] = {"description": "The SIGN-IN-WITH-X proof or task token is not valid "
+                                      "(`invalid_identity`).", "content": _json(_ref("A2AError"))}
     out["PaymentRequired"] = {
         "description": "Payment required: the quote (`PAYMENT-REQUIRED` header, v1 body), or why a payment "
                        "was refused.",
@@ -241,16 +300,17 @@ def _error_responses() -> dict[str, Any]:
     return out
 
 
-def _errors(schema: str, codes: tuple[str, ...] = tuple(_ERROR_CODES)) -> dict[str, Any]:
-    return {code: {"$ref": f"#/components/responses/{schema}{code}"} for code in codes}
+def _errors(schema: str, codes: tuple[str, ...]) -> dict[str, Any]:
+    return {code: {"$ref": "#/components/responses/" + ("Error401" if code == "401" else f"{schema}{code}")}
+            for code in codes}
 
 
 def _paid(operation: dict[str, Any], terms: PriceTerms | None, error_schema: str,
-          ok: dict[str, Any]) -> dict[str, Any]:
+          ok: dict[str, Any], errors: tuple[str, ...] = _PAID_ERRORS) -> dict[str, Any]:
     """A paid operation: 200 with the receipt, 402 with the quote, the pipeline's errors; the price as
     `x-payment-info`. A free one (terms free) has no 402 and no security."""
     if terms is not None and not terms.paid:
-        operation.update(security=[], responses={"200": ok, **_errors(error_schema, ("400", "404", "503"))})
+        operation.update(security=[], responses={"200": ok, **_errors(error_schema, _FREE_CALL_ERRORS)})
         return operation
     ok = {**ok, "headers": {name: {"$ref": f"#/components/headers/{name}"}
                             for name in ("PAYMENT-RESPONSE", "X-PAYMENT-RESPONSE")}}
@@ -260,12 +320,17 @@ def _paid(operation: dict[str, Any], terms: PriceTerms | None, error_schema: str
     operation["responses"] = {
         "200": ok,
         "402": {"$ref": "#/components/responses/PaymentRequired"},
-        **_errors(error_schema),
+        **_errors(error_schema, errors),
     }
     if terms is not None:
         operation["x-payment-info"] = terms.as_json()
         operation["description"] = (operation.get("description", "") + f"\n\nPrice: {terms.summary}.").strip()
     return operation
+
+
+def _probe_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """A paid route's JSON body: `schema`, or `{}` (with no body at all: the probe)."""
+    return {"anyOf": [schema, _ref("Probe")]}
 
 
 # ---------------------------------------------------------------------------------------------- /v1
@@ -292,49 +357,100 @@ _MODEL_OPERATIONS = {  # operation -> (operationId, summary, 200 content)
     "images.generations": ("createImage", "Generate images", _json(_SHAPES["responses"]["images"])),
     "images.edits": ("createImageEdit", "Edit images", _json(_SHAPES["responses"]["images"])),
 }
-_UPLOAD_FIELDS = {"file": _BINARY, "mask": _BINARY,
-                  "image": {"anyOf": [_BINARY, {"type": "array", "items": _BINARY}]}}
 
 
 def _model_body(gateway: Gateway, operation: str, form: bool) -> dict[str, Any]:
-    """The route's field table (declared checks), typed by OpenAI's request type where the table's
-    check declares nothing; `model` is one of the models serving the operation here."""
-    schema = gateway.catalogue.request_schema(operation) or {"type": "object"}
-    openai = _SHAPES["requests"].get(operation, {"properties": {}, "required": []})
-    properties: dict[str, Any] = schema.get("properties", {})
+    """The route's body: its field table with each model's own limits (the catalogue's
+    `request_schema`: the checks that enforce them), `model` one of the models serving the route
+    (required unless the route has a default); a field no check declares (an output cap, whose
+    limit is each model's own) typed by OpenAI's request type."""
+    default = gateway.default_model(operation)
+    schema = gateway.catalogue.request_schema(operation, default) or {"type": "object", "properties": {}}
+    openai = _SHAPES["requests"].get(operation, {"properties": {}})
+    properties: dict[str, Any] = schema["properties"]
     for name, declared in properties.items():
-        if form and name in _UPLOAD_FIELDS:
-            properties[name] = {**_UPLOAD_FIELDS[name], "description": declared.get("description", "")}
-        elif set(declared) == {"description"} and name in openai["properties"]:
+        if set(declared) == {"description"} and name in openai["properties"]:
             properties[name] = {**copy.deepcopy(openai["properties"][name]), **declared}
     models = [s.id for s in gateway.catalogue.of_kind("model") if operation in s.operations]
-    if "model" in properties:
-        properties["model"] = {"type": "string", "description": "A model id from GET /v1/models that "
-                               "serves this route.", **({"enum": models} if models else {})}
-    required = [n for n in openai["required"] if n in properties]
-    if gateway.default_model(operation) is not None:
-        required = [n for n in required if n != "model"]
-    if required:
-        schema["required"] = required
-    return schema
+    properties["model"] = {"type": "string", "description": "A model id from GET /v1/models that "
+                           "serves this route.", **({"enum": models} if models else {})}
+    if default is None:
+        schema["required"] = ["model", *schema.get("required", [])]
+    return _form_body(schema) if form else schema
+
+
+def _form_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """A body as multipart/form-data carries it: without null (a form has none: a field is sent or
+    not); an array as `name[]` parts (one part: an array of one), as OpenAI's clients send them; a
+    field taking a value or an array as `name` or `name[]`, one of the two."""
+    schema = _without_null(schema)
+    properties: dict[str, Any] = {}
+    choices = []
+    for name, prop in schema["properties"].items():
+        branches = prop.get("anyOf", [])
+        many = next((b for b in branches if b.get("type") == "array"), None)
+        if prop.get("type") == "array":
+            properties[f"{name}[]"] = prop
+        elif many is not None and len(branches) == 2:
+            one = next(b for b in branches if b is not many)
+            extra = {k: v for k, v in prop.items() if k != "anyOf"}
+            properties[name], properties[f"{name}[]"] = {**one, **extra}, {**many, **extra}
+            either = [{"required": [name]}, {"required": [f"{name}[]"]}]
+            required = name in schema.get("required", [])
+            choices.append({"oneOf": either} if required else {"not": {"allOf": either}})
+        else:
+            properties[name] = prop
+    required = [n for n in schema.get("required", []) if n in properties]
+    return {**schema, "properties": properties, "required": required,
+            **({"allOf": [*schema.get("allOf", []), *choices]} if choices else {})}
+
+
+def _encoding(schema: dict[str, Any]) -> dict[str, Any]:
+    """multipart's `encoding`: each file part's formats (`x-media-types`, what the route reads it
+    as; an array's, each of its parts')."""
+    files = {name: prop.get("items", prop) for name, prop in schema["properties"].items()}
+    return {name: {"contentType": ", ".join(file["x-media-types"])}
+            for name, file in files.items() if "x-media-types" in file}
+
+
+def _without_null(schema: Any) -> Any:
+    """`schema` with null taken out everywhere (from types, enums and anyOf branches)."""
+    if isinstance(schema, list):
+        return [_without_null(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _without_null(value) for key, value in schema.items()}
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [v for v in out["enum"] if v is not None]
+    if "anyOf" in out:
+        kept = [b for b in out["anyOf"] if b != {"type": "null"}]
+        if len(kept) == 1:
+            del out["anyOf"]
+            out = {**kept[0], **out}
+        else:
+            out["anyOf"] = kept
+    return out
 
 
 def _model_path(gateway: Gateway, path: str, operation: str, form: bool, limit: int) -> dict[str, Any]:
     op_id, summary, content = _MODEL_OPERATIONS[operation]
     schema = _model_body(gateway, operation, form)
     media = "multipart/form-data" if form else "application/json"
-    body: dict[str, Any] = {"schema": schema}
+    body: dict[str, Any] = {"schema": schema, "encoding": _encoding(schema)} if form else {
+        "schema": _probe_body(schema)}
     example = next((s.examples[0] for s in gateway.catalogue.of_kind("model")
                     if operation == "chat.completions" and operation in s.operations and s.examples), None)
     if example is not None:
         body["example"] = example
     terms = gateway.catalogue.route_price_terms(operation)
     served = "" if terms is not None else " No model on this gateway serves it now."
+    probe = "no body" if form else "no body or `{}`"
     operation_doc = {
         "operationId": op_id, "summary": summary, "tags": ["Models (OpenAI-compatible)"],
         "description": f"OpenAI's `{path}`; only the listed fields are accepted (any other is refused, "
-                       f"naming it). Body at most {limit} bytes.{served}",
-        "requestBody": {"required": True, "content": {media: body}},
+                       f"naming it). Body at most {limit} bytes; {probe} without a payment: the route's "
+                       f"quote (its minimum).{served}",
+        "requestBody": {"required": False, "content": {media: body}},
     }
     return {"post": _paid(operation_doc, terms, "Error", {"description": summary, "content": content})}
 
@@ -346,13 +462,13 @@ def _operation_id(skill_id: str) -> str:
 
 
 def _resource_path(gateway: Gateway, skill: Any, limit: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"schema": skill.input_schema}
+    body: dict[str, Any] = {"schema": _probe_body(skill.body_schema)}
     if skill.examples:
         body["example"] = skill.examples[0]
     operation = {
         "operationId": _operation_id(skill.id), "summary": skill.name, "description": skill.description,
         "tags": ["Marketplace", *skill.categories],
-        "requestBody": {"required": True, "content": {"application/json": body}},
+        "requestBody": {"required": False, "content": {"application/json": body}},
     }
     ok = {"description": "The resource's answer.", "content": _json({})}
     return {"post": _paid(operation, gateway.catalogue.price_terms(skill), "MarketplaceError", ok)}
@@ -363,10 +479,11 @@ def _resource_path(gateway: Gateway, skill: Any, limit: int) -> dict[str, Any]:
 def _free(op_id: str, summary: str, schema: dict[str, Any], *, tags: list[str], description: str = "",
           parameters: list[dict[str, Any]] | None = None, errors: tuple[str, ...] = (),
           error_schema: str = "Error", media: str = "application/json") -> dict[str, Any]:
+    """A free operation: 200, `errors`, and what any request may get (a slow client's 408)."""
     operation: dict[str, Any] = {
         "operationId": op_id, "summary": summary, "tags": tags, "security": [],
         "responses": {"200": {"description": summary, "content": {media: {"schema": schema}}},
-                      **_errors(error_schema, errors)}}
+                      **_errors(error_schema, tuple(sorted({*errors, *_READ_ERRORS})))}}
     if description:
         operation["description"] = description
     if parameters:
@@ -374,8 +491,39 @@ def _free(op_id: str, summary: str, schema: dict[str, Any], *, tags: list[str], 
     return operation
 
 
+def _mcp(every_skill: PriceTerms | None) -> dict[str, Any]:
+    """POST /mcp: the SDK's streamable HTTP transport (stateless) behind the JSON-RPC edge."""
+    def rpc_error(text: str) -> dict[str, Any]:
+        return {"description": text, "content": _json(_ref("JsonRpcError"))}
+
+    return {
+        "operationId": "mcp", "summary": "MCP server (streamable HTTP)", "tags": ["MCP"],
+        "description": "Every model operation and marketplace resource as an MCP tool; `tools/list` is "
+                       "free, a paid `tools/call` follows x402's MCP transport (`_meta[\"x402/payment\"]`). "
+                       "Speak MCP with an MCP client; the body is JSON-RPC, the `Accept` header must name "
+                       "application/json (MCP clients send `application/json, text/event-stream`).",
+        "security": [{}, {"x402": []}],
+        "requestBody": {"required": True, "content": _json(_ref("McpMessage"))},
+        "responses": {
+            "200": {"description": "The JSON-RPC answer (JSON or SSE): a result, or a JSON-RPC error for "
+                                   "a method or params it refuses.",
+                    "content": {**_json(_ref("JsonRpcResponse")),
+                                "text/event-stream": {"schema": {"type": "string"}}}},
+            "202": {"description": "A notification or a reply, taken (no body)."},
+            "400": rpc_error("Not a JSON-RPC message this server takes (-32700, -32600, -32602)."),
+            "406": rpc_error("The Accept header does not name application/json."),
+            "408": {"$ref": "#/components/responses/Error408"},
+            "413": rpc_error("The body is larger than the limit."),
+        },
+        **({"x-payment-info": every_skill.as_json()} if every_skill is not None else {})}
+
+
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema, "description": description}
+    """A query parameter; empty (`?page=`, as an HTML form sends a blank field) is taken as absent."""
+    if schema.get("type") != "string":
+        schema = {"anyOf": [schema, {"const": ""}]}
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": f"{description} Empty: as if absent."}
 
 
 def build_document(gateway: Gateway, base_url: str, surface: Surface) -> dict[str, Any]:
@@ -408,7 +556,7 @@ def build_document(gateway: Gateway, base_url: str, surface: Surface) -> dict[st
                "description": "The resource's own path below lists its input schema and price.",
                "parameters": [{"name": "resource_id", "in": "path", "required": True,
                                "schema": {"type": "string", "minLength": 1}}],
-               "requestBody": {"required": True, "content": _json(_ref("AnyObject"))}}
+               "requestBody": {"required": False, "content": _json(_ref("AnyObject"))}}
     paths["/v1/marketplace/api/{resource_id}"] = {"post": _paid(
         generic, route_terms(catalogue.price_terms(s) for s in resources if s.kind == "resource"),
         "MarketplaceError", {"description": "The resource's answer.", "content": _json({})})}
@@ -421,9 +569,11 @@ def build_document(gateway: Gateway, base_url: str, surface: Surface) -> dict[st
            "requestBody": {"required": True, "content": _json(_ref("JsonRpcRequest"))}}
     every_skill = route_terms(catalogue.price_terms(s) for s in catalogue.all())  # A2A and MCP sell them all
     a2a_op = _paid(a2a, every_skill,
-                   "A2AError", {"description": "The JSON-RPC answer (SSE for streaming methods).",
+                   "A2AError", {"description": "The JSON-RPC answer (SSE for streaming methods): a result, "
+                                               "or a JSON-RPC error for a request it refuses.",
                                     "content": {**_json(_ref("JsonRpcResponse")),
-                                                "text/event-stream": {"schema": {"type": "string"}}}})
+                                                "text/event-stream": {"schema": {"type": "string"}}}},
+                   _A2A_ERRORS)
     a2a_op["security"] = [{}, {"x402": []}]  # help and task reads are free
     paths["/a2a"] = {"post": a2a_op}
     card = {"type": "object", "description": "The A2A agent card: skills with prices, interfaces, the "
@@ -459,18 +609,7 @@ def build_document(gateway: Gateway, base_url: str, surface: Surface) -> dict[st
                  "and the catalogue.")
     home["responses"]["200"]["content"]["text/html"] = {"schema": {"type": "string"}}
     paths["/"] = {"get": home}
-    paths["/mcp"] = {"post": {
-        "operationId": "mcp", "summary": "MCP server (streamable HTTP)", "tags": ["MCP"],
-        "description": "Every model operation and marketplace resource as an MCP tool; `tools/list` is "
-                       "free, a paid `tools/call` follows x402's MCP transport (`_meta[\"x402/payment\"]`). "
-                       "Speak MCP with an MCP client; the body is JSON-RPC.",
-        "security": [{}, {"x402": []}],
-        "requestBody": {"required": True, "content": _json(_ref("JsonRpcRequest"))},
-        "responses": {"200": {"description": "JSON-RPC answer (JSON or SSE).",
-                              "content": {**_json(_ref("JsonRpcResponse")),
-                                          "text/event-stream": {"schema": {"type": "string"}}}},
-                      "default": {"description": "An MCP transport error."}},
-        **({"x-payment-info": every_skill.as_json()} if every_skill is not None else {})}}
+    paths["/mcp"] = {"post": _mcp(every_skill)}
     for path, summary in (("/health", "Liveness"), ("/healthz", "Liveness (alias)")):
         paths[path] = {"get": _free(path.strip("/"), summary, _ref("Health"), tags=["Operations"])}
     paths["/readyz"] = {"get": {**_free("readyz", "Readiness: 200 when paid calls can be taken",
@@ -491,7 +630,8 @@ def build_document(gateway: Gateway, base_url: str, surface: Surface) -> dict[st
                                        "Discovery", "Operations")],
         "paths": paths,
         "components": {
-            "schemas": {**copy.deepcopy(_SHAPES["schemas"]), **_payment_required_schemas(), **_OWN_SCHEMAS},
+            "schemas": {**copy.deepcopy(_SHAPES["schemas"]), **_payment_required_schemas(), **_rpc_schemas(),
+                        **_OWN_SCHEMAS},
             "responses": _error_responses(),
             "parameters": {p["name"]: p for p in _PAYMENT_PARAMETERS},
             "headers": _HEADERS,

@@ -215,7 +215,7 @@ _OPENAI_CALLS = {
 
 def python_snippet(entry: Entry) -> str:
     """A Python program that pays: the openai package over an x402 transport for a model's OpenAI
-    route (as in the README), else a plain x402 httpx client."""
+    route (as in docs/models.md), else a plain x402 httpx client."""
     openai_call = _OPENAI_CALLS.get(entry.operation or "") if entry.kind == "model" else None
     indent = " " * 8
     if openai_call is not None:
@@ -248,7 +248,7 @@ def mcp_config(base_url: str) -> str:
 
 
 def mcp_stdio_env(site: Site) -> dict[str, str]:
-    """What `paywire mcp` reads (README's configuration table, agent/mcp/proxy.py): on the devnet
+    """What `paywire mcp` reads (docs/configuration.md's table, agent/mcp/proxy.py): on the devnet
     the folder of the demo payer's keys; in production the payer's key (from a file, so it stays
     out of the agent's configuration), the Solana node when Solana is paid on, and the spend caps."""
     if site.devnet_dir is not None:

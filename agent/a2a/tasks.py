@@ -9,10 +9,14 @@
   reaches the SDK's `ActiveTask.cancel` unless the task waits for payment with no call in flight.
   (The SDK's cancel cancels the executor's producer even when the executor refuses, and marks the
   task failed: a refused cancel during settlement left the payer charged and the task empty.)
+  The card it checks capabilities against is the one /.well-known/agent.json serves now (a card
+  factory: rebuilt when the registry grows or the operator's switches change), not the card as
+  it was at startup.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from a2a.compat.v0_3.conversions import to_compat_task_status
@@ -20,6 +24,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.tasks import DatabaseTaskStore
 from a2a.types import (
+    AgentCard,
     CancelTaskRequest,
     ListTasksRequest,
     ListTasksResponse,
@@ -101,7 +106,22 @@ class OwnedTaskStore(DatabaseTaskStore):
 
 
 class PaywireRequestHandler(DefaultRequestHandler):
-    """The SDK's request handler; a cancel it would let cut a running call is refused first."""
+    """The SDK's request handler over the card as it is now (`card`: the card factory the
+    well-known routes serve); a cancel it would let cut a running call is refused first."""
+
+    def __init__(self, *, card: Callable[[], AgentCard], **kwargs: Any) -> None:
+        self._current_card = card
+        super().__init__(agent_card=card(), **kwargs)
+
+    # The SDK reads `self._agent_card` wherever it checks the card (capabilities, the extended
+    # card, input modes): a property over the factory, so no check sees the startup card.
+    @property
+    def _agent_card(self) -> AgentCard:
+        return self._current_card()
+
+    @_agent_card.setter
+    def _agent_card(self, _startup: AgentCard) -> None:
+        """The SDK's __init__ stores the card it was given: the factory has it already."""
 
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext
                              ) -> Task | None:

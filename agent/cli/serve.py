@@ -59,7 +59,8 @@ def _banner(settings: Settings, devnet: object) -> str:
     return "\n".join([
         bar,
         "  PAYWIRE DEVNET - payments settle on a LOCAL TEST CHAIN inside this process.",
-        "  Devnet USDC has no value. Set PAYWIRE_NETWORKS (see README) for real networks.",
+        "  Devnet USDC has no value. For real networks set PAYWIRE_NETWORKS",
+        "  (see docs/configuration.md).",
         bar,
         f"  gateway        {settings.base_url}",
         f"  catalogue      {settings.base_url}/api/marketplace/apis",

@@ -1,14 +1,15 @@
 """The MCP face: paywire's skills as MCP tools, over streamable HTTP at /mcp (the official `mcp` SDK).
 
-Tools (`tools/list`, free, paged by cursor):
-- one tool per marketplace resource (and the free `help`): its id as the name (characters MCP
-  clients refuse become `_`), its description, its input JSON Schema;
+Tools (`tools/list`, free, paged by cursor), what a call can buy now (the one availability rule,
+`Catalogue.available`: not switched off by the operator, runnable as configured):
+- one tool per marketplace resource for sale (and the free `help`): its id as the name
+  (characters MCP clients refuse become `_`), its description, its input JSON Schema. A resource
+  that is not for sale is not listed; its name still calls, and answers its 503;
 - one tool per JSON model operation (`chat_completions`, `embeddings`, `images_generations`...)
   with the model as an enum argument: a client shows its user a handful of tools, not one per
   model and operation (100+ models x operations would swamp a tool picker and an LLM's context).
-  The enum lists the models this gateway can run (their provider is configured); an operation no
-  configured model serves is not listed. Operations that take an uploaded file (transcriptions,
-  translations, image edits) are REST only.
+  The enum lists the models for sale; an operation none of them serves is not listed. Operations
+  that take an uploaded file (transcriptions, translations, image edits) are REST only.
 Every tool's description ends with its price (`PriceTerms.summary`) and its `_meta` carries the
 price terms (`paywire/price`; a model tool also each model's unit prices, `paywire/model_prices`).
 
@@ -301,9 +302,10 @@ class McpFace:
     async def _call_tool(self, req: types.CallToolRequest) -> types.ServerResult:
         params = req.params
         target = self.table().targets.get(params.name)
-        if target is None:
-            unknown = f"unknown tool '{params.name[:100]}'; tools/list lists them"
-            raise McpError(types.ErrorData(code=types.INVALID_PARAMS, message=unknown))
+        if target is None:  # the caller's name is not repeated back (it may be anything)
+            raise McpError(types.ErrorData(
+                code=types.INVALID_PARAMS, message="unknown tool; tools/list names the tools",
+                data={"code": "unknown_tool", "param": "params.name"}))
         args = dict(params.arguments or {})
         extra = params.meta.model_extra if params.meta is not None else None
         sent = (extra or {}).get(PAYMENT_META)
@@ -336,7 +338,9 @@ class McpFace:
 
     def _model(self, target: ToolTarget, args: dict[str, Any]) -> Skill | types.CallToolResult:
         """The model a model tool's arguments name (the operation's default when it has one), or
-        the error result naming `model` / `stream`."""
+        the error result naming `model` / `stream`. A model of the operation that is not for sale
+        now (not in the enum) goes to the pipeline all the same: it answers the 503 saying why,
+        as on REST."""
         op = target.operation
         assert op is not None
         if args.get("stream") not in (None, False):
@@ -349,10 +353,10 @@ class McpFace:
             return error_result(400, "missing_model", "'model' is required: one of the tool's model "
                                 "enum (GET /v1/models lists them)", "model")
         skill = self.catalogue.get(model)
-        if skill is None or model not in target.models:
+        if skill is None or skill.kind != "model" or op not in skill.operations:
             return error_result(404 if skill is None else 400, "model_not_found" if skill is None
-                                else "unsupported_model", f"'{model[:100]}' is not a model this tool "
-                                f"runs on this gateway; its `model` enum lists them", "model")
+                                else "unsupported_model", "'model' names no model of this gateway "
+                                "that serves this tool; its `model` enum lists those for sale", "model")
         return skill
 
 

@@ -1,15 +1,17 @@
 """What the faces show of the skills for sale: the registry, read-only, each price as text, and
 whether each can be bought here now.
 
-Faces (the marketplace catalogue, /v1/models, the agent card, help) list skills; they get this
-narrow view instead of the gateway's registry, and never format money themselves.
+Faces (the marketplace catalogue, /v1/models, the agent card, MCP tools) list skills; they get
+this narrow view instead of the gateway's registry, and never format money themselves. The help
+skill (skills may not import this) is handed `Catalogue.for_sale` by the assembly.
 
 Availability is decided here, once, by the rule a call follows before its quote: a skill the
 operator switched off answers 503 (`skill_disabled`), and so does one that cannot run as this
 gateway is configured (its `ready` or, for a model, every provider lacking its key or base URL:
 `skill_unavailable`). Listings for people (the marketplace catalogue, the catalogue page) show
 such a skill with `available: false` and the reason; listings for machines that would buy it (x402
-discovery, MCP `tools/list`, the agent card) leave it out."""
+discovery, MCP `tools/list`, the agent card, OpenAI's `GET /v1/models`, the help skill) leave it
+out."""
 
 from __future__ import annotations
 
@@ -102,6 +104,14 @@ class Catalogue:
 
     def available(self, skill: Skill | str) -> bool:
         return self.availability(skill).available
+
+    def model_facts(self, skill: Skill) -> dict[str, Any]:
+        """A model's facts (family, operations, context window, prices per token; `enable_with`
+        when no provider is configured) with its availability by the one rule, as GET /v1/models
+        and GET /catalogue/models show them. The model table's own `available` knows no switch."""
+        info = {k: v for k, v in (skill.info() if skill.info else {}).items()
+                if k not in ("available", "reason")}
+        return {**info, **self.availability(skill).as_json()}
 
     def for_sale(self, kind: str | None = None) -> list[Skill]:
         """The skills (of `kind`) a call can buy now: what listings for machines offer."""

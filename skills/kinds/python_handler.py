@@ -15,6 +15,7 @@ import importlib
 import inspect
 from typing import Any
 
+from ..described import schema_of
 from ..resource_context import ResourceContext
 from ..skill import Payload, SkillResult
 from .base import Behaviour
@@ -71,6 +72,8 @@ def build(data: dict[str, Any], context: ResourceContext) -> Behaviour:
 
         def validator(payload: Payload) -> None:
             validate_fn(payload, context)
+
+        validator.json_schema = schema_of(validate_fn)  # type: ignore[attr-defined]  # (what it declares)
 
     ready_hook = getattr(hooks, "ready", None)
     return Behaviour(

@@ -23,6 +23,8 @@ from __future__ import annotations
 import struct
 from decimal import Decimal
 
+# The formats read here, as media types (what an upload's description may name: the OpenAPI document)
+MEDIA_TYPES = ("audio/wav", "audio/mpeg", "audio/flac", "audio/ogg", "audio/mp4")
 # A stream must be mostly audio frames: a random file can contain a few byte pairs that look like an MPEG
 # frame sync, but not a long chain of them.
 _MP3_MIN_COVERAGE = 0.9

@@ -26,22 +26,27 @@ from .request_fields import (
     Check,
     Field,
     FieldTable,
+    array_of,
     boolean,
     described,
     integer,
+    nullable,
     obj,
     one_of,
+    only,
     schema_of,
     text,
 )
 from .spec import ModelSpec
 from .token_quotes import (
+    CHOICES,
     MAX_USD,
     MIN_USD,
     SAMPLING,
     TOKEN_RULE,
     Input,
     OutputBudget,
+    budget_schema,
     json_tokens,
     output_budget,
     token_cost,
@@ -68,17 +73,6 @@ JSON_INPUTS = {"tools": "send fewer or shorter tools", "functions": "send fewer 
                "response_format": "shorten the response_format schema"}
 
 
-def _items(check: Check, limit: int, what: str) -> Check:
-    @described({"type": "array", "items": schema_of(check) or {}, "maxItems": limit})
-    def each(value: Any, name: str) -> None:
-        if not isinstance(value, list) or len(value) > limit:
-            raise SkillInputError(f"'{name}' must be an array of at most {limit} {what}", name)
-        for i, item in enumerate(value):
-            check(item, f"{name}.{i}")
-
-    return each
-
-
 def _or_mode(modes: tuple[str, ...], named: Check) -> Check:
     """A mode string (auto, none...) or an object naming a function."""
     @described({"anyOf": [{"enum": list(modes)}, schema_of(named) or {}]})
@@ -98,38 +92,61 @@ def _modalities(value: Any, name: str) -> None:
                               "which paywire does not price", name)
 
 
-@described({"const": False})
-def _store(value: Any, name: str) -> None:
-    if value is not False:
-        raise SkillInputError(f"'{name}' may only be false: a stored completion would be kept on "
-                              "paywire's upstream account", name)
+_NAME = text(MAX_NAME)
 
 
-_FUNCTION = obj({"name": text(MAX_NAME), "description": text(MAX_DESCRIPTION, empty=True),
+@described({"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": {
+    "type": "object", "required": ["role", "content"], "additionalProperties": False,
+    "properties": dict(zip(MESSAGE_KEYS, ({"enum": list(ROLES)}, {"type": "string"},
+                                          nullable(schema_of(_NAME))), strict=True))}})
+def _messages(messages: Any, name: str) -> None:
+    """The chat: 1 to MAX_MESSAGES text messages {role, content, name?} (what the quote counts)."""
+    if not isinstance(messages, list) or not messages:
+        raise SkillInputError(f"'{name}' must be a non-empty list of {{role, content}}", name)
+    if len(messages) > MAX_MESSAGES:
+        raise SkillInputError(f"'{name}' has {len(messages)} messages; send at most {MAX_MESSAGES}", name)
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise SkillInputError(f"{name}[{i}] must be an object {{role, content}}", f"{name}.{i}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise SkillInputError(f"{name}[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                                  f"{name}.{i}.role")
+        if not isinstance(message.get("content"), str):
+            raise SkillInputError(f"{name}[{i}].content must be a string", f"{name}.{i}.content")
+        for key in message:
+            if key not in MESSAGE_KEYS:
+                raise SkillInputError(f"{name}[{i}] has '{key}'; a message takes only "
+                                      f"{', '.join(MESSAGE_KEYS)} (text content)", f"{name}.{i}.{key}")
+        if message.get("name") is not None:
+            _NAME(message["name"], f"{name}.{i}.name")
+
+
+_FUNCTION = obj({"name": _NAME, "description": text(MAX_DESCRIPTION, empty=True),
                  "parameters": obj(), "strict": boolean}, required=("name",))
-_NAMED = obj({"name": text(MAX_NAME)}, required=("name",))
+_NAMED = obj({"name": _NAME}, required=("name",))
 _TOOL = obj({"type": one_of("function", why="built-in tools (web search, file search...) are billed "
                             "per call by the upstream, which paywire does not price"),
              "function": _FUNCTION}, required=("type", "function"))
 _RESPONSE_FORMAT = obj({
     "type": one_of("text", "json_object", "json_schema"),
-    "json_schema": obj({"name": text(MAX_NAME), "description": text(MAX_DESCRIPTION, empty=True),
+    "json_schema": obj({"name": _NAME, "description": text(MAX_DESCRIPTION, empty=True),
                         "schema": obj(), "strict": boolean}, required=("name",)),
 }, required=("type",))
 
 # What /v1/chat/completions accepts (request_fields.py says what the kinds mean).
 CHAT_FIELDS = FieldTable("/v1/chat/completions", {
     **SAMPLING,
-    "messages": Field(PRICED),  # checked by validate_chat; estimated with chat framing and names
-    "tools": Field(PRICED, _items(_TOOL, MAX_TOOLS, "function tools")),
-    "functions": Field(PRICED, _items(_FUNCTION, MAX_TOOLS, "functions")),
+    "messages": Field(PRICED, _messages, required=True),  # estimated with chat framing and names
+    "tools": Field(PRICED, array_of(_TOOL, MAX_TOOLS, "function tools")),
+    "functions": Field(PRICED, array_of(_FUNCTION, MAX_TOOLS, "functions")),
     "tool_choice": Field(PRICED, _or_mode(("none", "auto", "required"), obj(
         {"type": one_of("function"), "function": _NAMED}, required=("type", "function")))),
     "function_call": Field(PRICED, _or_mode(("none", "auto"), _NAMED)),
     "response_format": Field(PRICED, _RESPONSE_FORMAT),
     "max_tokens": Field(BUDGET),  # (checked with the budget: token_quotes.output_budget)
     "max_completion_tokens": Field(BUDGET),
-    "n": Field(BUDGET),
+    "n": Field(BUDGET, CHOICES),
     "reasoning": Field(BUDGET, obj({"effort": one_of(*EFFORTS), "max_tokens": None,
                                     "exclude": boolean, "enabled": boolean})),
     "thinking": Field(BUDGET, obj({"type": one_of("enabled", "disabled"), "budget_tokens": None},
@@ -142,7 +159,8 @@ CHAT_FIELDS = FieldTable("/v1/chat/completions", {
     "service_tier": Field(FREE, one_of("auto", "default", why="other tiers (priority, flex, scale) are "
                                        "billed at other rates, which paywire does not price")),
     "modalities": Field(FREE, _modalities),
-    "store": Field(FREE, _store),
+    "store": Field(FREE, only(False, "may only be false: a stored completion would be kept on "
+                                    "paywire's upstream account")),
     "safety_identifier": Field(FREE, text(256)),
     "prompt_cache_key": Field(FREE, text(256)),
     "audio": Field(REFUSED, why="audio output is billed as audio tokens"),
@@ -156,27 +174,6 @@ CHAT_FIELDS = FieldTable("/v1/chat/completions", {
 
 
 def validate_chat(body: dict[str, Any], spec: ModelSpec) -> None:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise SkillInputError("'messages' must be a non-empty list of {role, content}", "messages")
-    if len(messages) > MAX_MESSAGES:
-        raise SkillInputError(f"'messages' has {len(messages)} messages; send at most {MAX_MESSAGES}",
-                              "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise SkillInputError(f"messages[{i}] must be an object {{role, content}}", f"messages.{i}")
-        role = message.get("role")
-        if role not in ROLES:
-            raise SkillInputError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
-                                  f"messages.{i}.role")
-        if not isinstance(message.get("content"), str):
-            raise SkillInputError(f"messages[{i}].content must be a string", f"messages.{i}.content")
-        for key in message:
-            if key not in MESSAGE_KEYS:
-                raise SkillInputError(f"messages[{i}] has '{key}'; a message takes only "
-                                      f"{', '.join(MESSAGE_KEYS)} (text content)", f"messages.{i}.{key}")
-        if message.get("name") is not None:
-            text(MAX_NAME)(message["name"], f"messages.{i}.name")
     CHAT_FIELDS.check(body)
     output_budget(body, spec, inner=REASONING_BUDGETS)
 
@@ -233,7 +230,8 @@ def make_chat_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> 
                               per_upstream=lambda t: budget.upstream(t.cap_field))
 
     return Operation("chat.completions", run, price, validate, stream,
-                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE)
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE,
+                     request_schema=budget_schema(spec, REASONING_BUDGETS))
 
 
 async def metered_stream(client: Upstream, targets: Targets, path: str,

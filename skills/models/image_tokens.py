@@ -27,6 +27,7 @@ import math
 import struct
 from fractions import Fraction
 
+MEDIA_TYPES = ("image/png", "image/jpeg", "image/webp")  # the formats `image_dimensions` reads
 MAX_SIDE = 2048  # step 1: fit within this square
 SHORT_SIDE = 512  # step 2: the shortest side, scaled down to this (768 for GPT-4o)
 TILE = 512

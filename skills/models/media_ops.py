@@ -37,10 +37,30 @@ from ..errors import SkillInputError, UpstreamError, UpstreamRejected, UpstreamT
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_tokens
 from ..uploads import UploadedFile
+from .audio_duration import MEDIA_TYPES as AUDIO_MEDIA_TYPES
 from .audio_duration import audio_duration
 from .audio_elevenlabs import MAX_SECONDS, MEDIA_TYPE, MIN_SECONDS, SOUND_PATH, ElevenLabsTarget, sound_body
 from .image_tokens import MAX_IMAGE_TOKENS, image_dimensions, image_tokens
-from .request_fields import FREE, PRICED, REFUSED, Field, FieldTable, integer, one_of, text
+from .image_tokens import MEDIA_TYPES as IMAGE_MEDIA_TYPES
+from .request_fields import (
+    FREE,
+    MAX_TEXT,
+    PRICED,
+    REFUSED,
+    Check,
+    Field,
+    FieldTable,
+    array_of,
+    boolean,
+    described,
+    integer,
+    number,
+    obj,
+    one_of,
+    only,
+    schema_of,
+    text,
+)
 from .spec import ModelSpec
 from .token_quotes import MILLION
 from .upstream import Target, Targets
@@ -68,42 +88,99 @@ MAX_EDIT_IMAGES = 16  # gpt-image-1 takes up to 16 input images
 IMAGE_PROMPT_CHARS = 32000  # OpenAI's longest (gpt-image-1; dall-e-2/3 take 1000/4000)
 TEXT_MEDIA_TYPE = "text/plain; charset=utf-8"
 
+
+def _upload(media_types: Sequence[str]) -> Check:
+    """An uploaded file (a multipart file part), not empty; `media_types`: the formats its content is
+    read as (what the route measures it by), for the description (`x-media-types`)."""
+    @described({"type": "string", "format": "binary", "minLength": 1, "x-media-types": list(media_types)})
+    def check(value: Any, name: str) -> None:
+        if not isinstance(value, UploadedFile):
+            raise SkillInputError(f"'{name}' must be an uploaded file (a multipart/form-data file field)",
+                                  name)
+        if not value.data:
+            raise SkillInputError(f"'{name}' is empty", name)
+
+    return check
+
+
+_AUDIO, _IMAGE_FILE = _upload(AUDIO_MEDIA_TYPES), _upload(IMAGE_MEDIA_TYPES)
+
+
+@described({"anyOf": [schema_of(_IMAGE_FILE), {"type": "array", "items": schema_of(_IMAGE_FILE),
+                                               "minItems": 1, "maxItems": MAX_EDIT_IMAGES}]})
+def _images(value: Any, name: str) -> None:
+    """The images an edit starts from: one file, or 1 to MAX_EDIT_IMAGES (`image[]` parts)."""
+    files = value if isinstance(value, list) else [value]
+    if not files or len(files) > MAX_EDIT_IMAGES:
+        raise SkillInputError(f"'{name}' takes 1 to {MAX_EDIT_IMAGES} files", name)
+    for upload in files:
+        _IMAGE_FILE(upload, name)
+
+
+_VOICE_NAME = text(256)
+_VOICE_ID = obj({"id": _VOICE_NAME}, required=("id",))
+
+
+@described({"anyOf": [schema_of(_VOICE_NAME), schema_of(_VOICE_ID)]})
+def _voice(value: Any, name: str) -> None:
+    try:
+        (_VOICE_ID if isinstance(value, dict) else _VOICE_NAME)(value, name)
+    except SkillInputError:
+        raise SkillInputError(f"'{name}' must be a voice name (e.g. alloy) or {{\"id\": a custom voice id}}",
+                              name) from None
+
+
+_NO_STREAM = only(False, "is not supported on this route; leave it out or set it to false")
+
 # What each route accepts (request_fields.py says what the kinds mean). `model`: each upstream is sent
-# its own name for it. Fields without a check here are checked by the operation's validator.
+# its own name for it (the face checks it). What the fields cannot say (an upload's content, a size
+# and quality the model offers) the operation's validator checks after the table.
 _MODEL = Field(FREE)
 SPEECH_FIELDS = FieldTable("/v1/audio/speech", {
     "model": _MODEL,
-    "input": Field(PRICED),  # per character
-    "instructions": Field(PRICED),  # per character too (gpt-4o-mini-tts bills them as input)
-    "voice": Field(FREE), "response_format": Field(FREE), "speed": Field(FREE),
-    "stream_format": Field(FREE),
+    "input": Field(PRICED, text(SPEECH_MAX_CHARS), required=True),  # per character
+    # per character too (gpt-4o-mini-tts bills them as input)
+    "instructions": Field(PRICED, text(SPEECH_MAX_CHARS)),
+    "voice": Field(FREE, _voice, required=True),
+    "response_format": Field(FREE, one_of(*SPEECH_FORMATS)),
+    "speed": Field(FREE, number(0.25, 4.0)),
+    "stream_format": Field(FREE, one_of("audio", why="raw audio only: server-sent events are not relayed")),
 })
 _AUDIO_TEXT = {
     "model": _MODEL,
-    "file": Field(PRICED),  # its duration
-    "prompt": Field(PRICED),  # its text tokens, on models that bill them (gpt-4o-transcribe)
-    "response_format": Field(FREE), "temperature": Field(FREE),
-    "stream": Field(FREE),  # (false only)
+    "file": Field(PRICED, _AUDIO, required=True),  # its duration
+    # its text tokens, on models that bill them (gpt-4o-transcribe)
+    "prompt": Field(PRICED, text(TRANSCRIPTION_PROMPT_CHARS)),
+    "response_format": Field(FREE, one_of(*TRANSCRIPTION_FORMATS)),
+    "temperature": Field(FREE, number(0, 1)),
+    "stream": Field(FREE, _NO_STREAM),
 }
 TRANSCRIPTION_FIELDS = FieldTable("/v1/audio/transcriptions", {
-    **_AUDIO_TEXT, "language": Field(FREE), "timestamp_granularities": Field(FREE), "include": Field(FREE)})
+    **_AUDIO_TEXT, "language": Field(FREE, text(16)),
+    "timestamp_granularities": Field(FREE, array_of(one_of("word", "segment"), 2, "values (word, segment)")),
+    "include": Field(FREE, array_of(one_of("logprobs"), 1, "value (logprobs)")),
+})
 TRANSLATION_FIELDS = FieldTable("/v1/audio/translations", _AUDIO_TEXT)
 GENERATION_FIELDS = FieldTable("/v1/audio/generations", {
     "model": _MODEL,
-    "prompt": Field(FREE),
-    "duration_seconds": Field(PRICED),  # per second (absent: the price per call)
-    "prompt_influence": Field(FREE), "loop": Field(FREE),
+    "prompt": Field(FREE, text(MAX_TEXT), required=True),
+    # per second (absent: the price per call)
+    "duration_seconds": Field(PRICED, number(MIN_SECONDS, MAX_SECONDS)),
+    "prompt_influence": Field(FREE, number(0, 1)), "loop": Field(FREE, boolean),
 })
 _IMAGE = {
     "model": _MODEL,
-    "prompt": Field(PRICED),  # text tokens on token-billed models (GPT Image); <= IMAGE_PROMPT_CHARS
-    "n": Field(PRICED), "size": Field(PRICED), "quality": Field(PRICED),  # n x the price per image
-    "response_format": Field(FREE),
+    # text tokens on token-billed models (GPT Image)
+    "prompt": Field(PRICED, text(IMAGE_PROMPT_CHARS), required=True),
+    # n x the price per image of that size and quality (which ones a model offers: image_options)
+    "n": Field(PRICED, integer(1, MAX_IMAGES)), "size": Field(PRICED, text(64)),
+    "quality": Field(PRICED, text(64)),
+    "response_format": Field(FREE, one_of("url", "b64_json")),
     "user": Field(FREE, text(256)),
     "background": Field(FREE, one_of("transparent", "opaque", "auto")),
     "output_format": Field(FREE, one_of("png", "jpeg", "webp")),
     "output_compression": Field(FREE, integer(0, 100)),
-    "stream": Field(FREE),  # (false only)
+    "stream": Field(FREE, _NO_STREAM),
     "partial_images": Field(REFUSED, why="partial images are billed as extra output image tokens"),
 }
 IMAGE_FIELDS = FieldTable("/v1/images/generations", {
@@ -111,7 +188,8 @@ IMAGE_FIELDS = FieldTable("/v1/images/generations", {
     "moderation": Field(FREE, one_of("low", "auto")),
 })
 IMAGE_EDIT_FIELDS = FieldTable("/v1/images/edits", {
-    **_IMAGE, "image": Field(PRICED), "mask": Field(PRICED),  # image tokens by size (GPT Image)
+    **_IMAGE, "image": Field(PRICED, _images, required=True),  # image tokens by size (GPT Image)
+    "mask": Field(PRICED, _IMAGE_FILE),
     "input_fidelity": Field(REFUSED, why="high input fidelity bills more input image tokens"),
 })
 
@@ -241,50 +319,6 @@ def _image_option_error(body: dict[str, Any], spec: ModelSpec) -> SkillInputErro
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def _string(body: dict[str, Any], name: str, *, required: bool = False, max_len: int | None = None) -> None:
-    value = body.get(name)
-    if value is None and not required:
-        return
-    if not isinstance(value, str) or not value:
-        raise SkillInputError(f"'{name}' must be a non-empty string", name)
-    if max_len is not None and len(value) > max_len:
-        raise SkillInputError(f"'{name}' is {len(value)} characters long; the maximum is {max_len}", name)
-
-
-def _number(body: dict[str, Any], name: str, low: float, high: float) -> None:
-    value = body.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                              or not low <= value <= high):
-        raise SkillInputError(f"'{name}' must be a number from {low:g} to {high:g}", name)
-
-
-def _choice(body: dict[str, Any], name: str, allowed: Sequence[str]) -> None:
-    value = body.get(name)
-    if value is not None and value not in allowed:
-        raise SkillInputError(f"'{name}' must be one of {', '.join(allowed)}, got {value!r}", name)
-
-
-def _no_stream(body: dict[str, Any]) -> None:
-    if body.get("stream") not in (None, False):
-        raise SkillInputError("'stream' is not supported on this route; leave it out or set it to false",
-                              "stream")
-
-
-def _upload(value: Any, name: str) -> UploadedFile:
-    if not isinstance(value, UploadedFile):
-        raise SkillInputError(f"'{name}' must be an uploaded file (a multipart/form-data file field)", name)
-    if not value.data:
-        raise SkillInputError(f"'{name}' is empty", name)
-    return value
-
-
-def _uploads(value: Any, name: str, limit: int) -> list[UploadedFile]:
-    files = value if isinstance(value, list) else [value]
-    if not files or len(files) > limit:
-        raise SkillInputError(f"'{name}' takes 1 to {limit} files", name)
-    return [_upload(f, name) for f in files]
-
-
 def _readable_images(body: dict[str, Any], spec: ModelSpec) -> None:
     """On a model that bills input images by their size, every image's size must be readable."""
     if spec.prices.input_image_per_mtok is None:
@@ -295,15 +329,26 @@ def _readable_images(body: dict[str, Any], spec: ModelSpec) -> None:
                                   "bills input image tokens by; send PNG, JPEG or WebP images", name)
 
 
-def _image_options(body: dict[str, Any], spec: ModelSpec) -> None:
-    _string(body, "prompt", required=True, max_len=IMAGE_PROMPT_CHARS)
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_IMAGES):
-        raise SkillInputError(f"'n' must be a whole number from 1 to {MAX_IMAGES}", "n")
-    _string(body, "size")
-    _string(body, "quality")
-    _choice(body, "response_format", ("url", "b64_json"))
-    _no_stream(body)
+def image_options_schema(spec: ModelSpec) -> dict[str, Any]:
+    """`size` and `quality` as this model's prices take them (`ModelPrices.image_options`, what
+    `_offered` checks), as JSON Schema: one branch per set of sizes taking the same qualities (null
+    among them: may be left out)."""
+    groups: dict[str, tuple[list[str | None], list[str | None] | None]] = {}
+    for size, qualities in spec.prices.image_options().items():
+        groups.setdefault(json.dumps(qualities), ([], qualities))[0].append(size)
+    branches = []
+    for sizes, qualities in groups.values():
+        branch: dict[str, Any] = {"properties": {"size": {"enum": sizes}}}
+        required = [] if None in sizes else ["size"]
+        if qualities is not None:
+            branch["properties"]["quality"] = {"enum": qualities}
+            required += [] if None in qualities else ["quality"]
+        branches.append({**branch, **({"required": required} if required else {})})
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
+def _offered(body: dict[str, Any], spec: ModelSpec) -> None:
+    """The size and quality asked for are ones the model is priced for (`image_options_schema`)."""
     if spec.prices.image_price(body.get("size"), body.get("quality")) is None:
         raise _image_option_error(body, spec)
 
@@ -378,16 +423,6 @@ def _usage(target: Target, facts: dict[str, Any], upstream: Any = None) -> dict[
 
 def make_speech_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     def validate(body: dict[str, Any]) -> None:
-        _string(body, "input", required=True, max_len=SPEECH_MAX_CHARS)
-        voice = body.get("voice")
-        if not (isinstance(voice, str) and voice) and not (isinstance(voice, dict)
-                                                           and isinstance(voice.get("id"), str)):
-            raise SkillInputError("'voice' must be a voice name (e.g. alloy) or {\"id\": a custom voice id}",
-                                  "voice")
-        _choice(body, "response_format", tuple(SPEECH_FORMATS))
-        _number(body, "speed", 0.25, 4.0)
-        _string(body, "instructions", max_len=SPEECH_MAX_CHARS)
-        _choice(body, "stream_format", ("audio",))  # raw audio only; "sse" is not relayed
         SPEECH_FIELDS.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
@@ -418,23 +453,12 @@ def _make_audio_text_operation(task: str, spec: ModelSpec, targets: Targets, cli
     fields = TRANSCRIPTION_FIELDS if task == "transcriptions" else TRANSLATION_FIELDS
 
     def validate(body: dict[str, Any]) -> None:
-        upload = _upload(body.get("file"), "file")
+        fields.check(body)
+        upload: UploadedFile = body["file"]
         if audio_seconds(upload) is None:
             raise SkillInputError(f"cannot read the duration of '{upload.filename}', which this route is "
                                   "priced by; send WAV, MP3, FLAC, Ogg (Opus, Vorbis) or M4A/MP4 audio",
                                   "file")
-        _choice(body, "response_format", TRANSCRIPTION_FORMATS)
-        _string(body, "prompt", max_len=TRANSCRIPTION_PROMPT_CHARS)
-        _number(body, "temperature", 0, 1)
-        _no_stream(body)
-        if task == "transcriptions":
-            _string(body, "language", max_len=16)
-            for field in ("timestamp_granularities", "include"):
-                values = body.get(field)
-                if values is not None and (not isinstance(values, list) or len(values) > 8
-                                           or not all(isinstance(v, str) for v in values)):
-                    raise SkillInputError(f"'{field}' must be an array of at most 8 strings", field)
-        fields.check(body)
 
     def price(body: dict[str, Any]) -> Decimal:
         return transcription_price(body, spec)
@@ -474,11 +498,6 @@ def make_generation_operation(spec: ModelSpec, targets: Targets, client: Upstrea
     eleven = tuple(ElevenLabsTarget.of(t) for t in targets)
 
     def validate(body: dict[str, Any]) -> None:
-        _string(body, "prompt", required=True)
-        _number(body, "duration_seconds", MIN_SECONDS, MAX_SECONDS)
-        _number(body, "prompt_influence", 0, 1)
-        if body.get("loop") is not None and not isinstance(body["loop"], bool):
-            raise SkillInputError("'loop' must be true or false", "loop")
         GENERATION_FIELDS.check(body)  # (the upstream body is built by sound_body, field by field)
 
     def price(body: dict[str, Any]) -> Decimal:
@@ -534,8 +553,8 @@ def _count(value: Any) -> TypeGuard[int]:
 
 def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     def validate(body: dict[str, Any]) -> None:
-        _image_options(body, spec)
         IMAGE_FIELDS.check(body)
+        _offered(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
         return image_price(body, spec)
@@ -546,23 +565,20 @@ def make_image_generation_operation(spec: ModelSpec, targets: Targets, client: U
         return _image_result(raw, target, body, spec)
 
     return Operation("images.generations", run, price, validate, price_floor_usd=cheapest_image(spec),
-                     price_rule=IMAGE_RULE)
+                     price_rule=IMAGE_RULE, request_schema=image_options_schema(spec))
 
 
 def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
     def validate(body: dict[str, Any]) -> None:
-        _uploads(body.get("image"), "image", MAX_EDIT_IMAGES)
-        if body.get("mask") is not None:
-            _upload(body["mask"], "mask")
-        _image_options(body, spec)
         IMAGE_EDIT_FIELDS.check(body)
+        _offered(body, spec)
         _readable_images(body, spec)
 
     def price(body: dict[str, Any]) -> Decimal:
         return image_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        images = _uploads(body["image"], "image", MAX_EDIT_IMAGES)
+        images: list[UploadedFile] = body["image"] if isinstance(body["image"], list) else [body["image"]]
         files = {"image" if len(images) == 1 else "image[]": images}
         if body.get("mask") is not None:
             files["mask"] = [body["mask"]]
@@ -571,7 +587,7 @@ def make_image_edit_operation(spec: ModelSpec, targets: Targets, client: Upstrea
         return _image_result(raw, target, body, spec)
 
     return Operation("images.edits", run, price, validate, price_floor_usd=cheapest_image(spec),
-                     price_rule=IMAGE_RULE)
+                     price_rule=IMAGE_RULE, request_schema=image_options_schema(spec))
 
 
 FACTORIES = {

@@ -2,8 +2,9 @@
 
 Each model's upstream targets (where, with which key, under which name) are built once, here, from the
 `ProviderAccess` the assembly gives per provider; the operations price and run on them as they are. A
-model none of whose providers is configured is still listed (GET /v1/models says which variable would
-enable it), and each of its operations answers 503 naming that variable, before any quote.
+model none of whose providers is configured is still a skill (GET /v1/models/{model} and the catalogue
+say which variable would enable it), and each of its operations answers 503 naming that variable,
+before any quote.
 """
 
 from __future__ import annotations

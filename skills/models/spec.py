@@ -182,6 +182,20 @@ class ModelPrices:
             matches.append(price)
         return max(matches) if matches else None
 
+    def image_options(self) -> dict[str | None, list[str] | None]:
+        """What `image_price` quotes, size by size: size (None: none given) -> the qualities it takes
+        (None among them: none given; the whole None: any, the size has no quality prices); sizes it
+        quotes nothing for are left out."""
+        sizes = [None, *sorted({key.partition("/")[0] for key in self.per_image}), "auto"]
+        qualities = sorted({key.partition("/")[2] for key in self.per_image} - {""})
+        options: dict[str | None, list[str] | None] = {}
+        for size in sizes:
+            if self.image_price(size, "\0(any)") is not None:  # a quality no price names: any is taken
+                options[size] = None
+            elif taken := [q for q in (None, *qualities, "auto") if self.image_price(size, q) is not None]:
+                options[size] = taken
+        return options
+
     def scaled(self, factor: Decimal) -> ModelPrices:
         """Every price multiplied by `factor` (the margin)."""
         def mul(value: Decimal | None) -> Decimal | None:

@@ -16,19 +16,36 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
+from ..described import NOT_BLANK
 from ..errors import SkillInputError, UpstreamError
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_messages, estimate_tokens
 from .chat import metered_stream
-from .request_fields import BUDGET, FREE, PRICED, Field, FieldTable, boolean, integer, one_of, text
+from .request_fields import (
+    BUDGET,
+    FREE,
+    MAX_TEXT,
+    PRICED,
+    Check,
+    Field,
+    FieldTable,
+    boolean,
+    described,
+    integer,
+    one_of,
+    only,
+    text,
+)
 from .spec import ModelSpec
 from .token_quotes import (
+    CHOICES,
     EMBEDDINGS_RULE,
     MAX_USD,
     MIN_USD,
     SAMPLING,
     TOKEN_RULE,
     Input,
+    budget_schema,
     output_budget,
     token_cost,
     token_quote,
@@ -39,34 +56,6 @@ from .upstream_port import Upstream
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on the items of one embeddings request
 MAX_PROMPTS = 2048  # prompts of one completions batch
-
-# What each route accepts (request_fields.py says what the kinds mean).
-COMPLETIONS_FIELDS = FieldTable("/v1/completions", {
-    **SAMPLING,
-    "prompt": Field(PRICED),  # (checked by validate_completions)
-    "suffix": Field(PRICED, text(1 << 20, empty=True)),  # appended to every prompt: counted per prompt
-    "max_tokens": Field(BUDGET),
-    "n": Field(BUDGET),
-    "best_of": Field(BUDGET),  # generates best_of completions per prompt, each up to the cap
-    "echo": Field(FREE, boolean),
-    "logprobs": Field(FREE, integer(0, 5)),
-})
-EDITS_FIELDS = FieldTable("/v1/edits", {
-    "model": SAMPLING["model"], "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"],
-    "user": SAMPLING["user"],
-    "instruction": Field(PRICED),  # (sent as the system message)
-    "input": Field(PRICED),  # (sent as the user message)
-    "max_tokens": Field(BUDGET),
-    "max_completion_tokens": Field(BUDGET),
-    "n": Field(BUDGET),
-    "stream": Field(FREE, boolean),  # (true is refused: the edits API never streamed)
-})
-EMBEDDINGS_FIELDS = FieldTable("/v1/embeddings", {
-    "model": SAMPLING["model"], "user": SAMPLING["user"],
-    "input": Field(PRICED),  # (checked by validate_embeddings)
-    "encoding_format": Field(FREE, one_of("float", "base64")),
-    "dimensions": Field(FREE, integer(1, 1 << 16)),
-})
 
 
 def _strings(value: Any, name: str, *, allow_empty: bool) -> list[str]:
@@ -85,6 +74,72 @@ def _strings(value: Any, name: str, *, allow_empty: bool) -> list[str]:
     return items
 
 
+def _texts(max_items: int, *, allow_empty: bool, what: str) -> Check:
+    """A string, or an array of 1 to `max_items` strings (`what` names them); empty ones allowed or
+    not."""
+    one = {"type": "string", **({} if allow_empty else {"minLength": 1})}
+
+    @described({"anyOf": [one, {"type": "array", "items": one, "minItems": 1, "maxItems": max_items}]})
+    def check(value: Any, name: str) -> None:
+        items = _strings(value, name, allow_empty=allow_empty)
+        if len(items) > max_items:
+            raise SkillInputError(f"'{name}' has {len(items)} {what}; send at most {max_items} per "
+                                  "request", name)
+
+    return check
+
+
+@described({"type": "string", "pattern": NOT_BLANK})
+def _instruction(value: Any, name: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise SkillInputError(f"'{name}' is required: a non-empty string telling the model how to edit "
+                              "the input", name)
+
+
+@described({"if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+            "then": {"properties": {"best_of": {"enum": [None, 1]}}}})
+def _best_of_not_streamed(body: Any, name: str) -> None:
+    if body.get("best_of") not in (None, 1) and body.get("stream") is True:
+        raise SkillInputError("'best_of' cannot be used with 'stream'", "best_of")
+
+
+def _best_of_covers_n(body: Any, name: str) -> None:  # (a comparison: JSON Schema cannot say it)
+    n, best_of = body.get("n") or 1, body.get("best_of")
+    if best_of is not None and best_of < n:
+        raise SkillInputError("'best_of' must be greater than or equal to 'n'", "best_of")
+
+
+# What each route accepts (request_fields.py says what the kinds mean).
+COMPLETIONS_FIELDS = FieldTable("/v1/completions", {
+    **SAMPLING,
+    "prompt": Field(PRICED, _texts(MAX_PROMPTS, allow_empty=True, what="prompts"),  # ("" is valid)
+                    required=True),
+    "suffix": Field(PRICED, text(MAX_TEXT, empty=True)),  # appended to every prompt: counted per prompt
+    "max_tokens": Field(BUDGET),
+    "n": Field(BUDGET, CHOICES),
+    "best_of": Field(BUDGET, CHOICES),  # generates best_of completions per prompt, each up to the cap
+    "echo": Field(FREE, boolean),
+    "logprobs": Field(FREE, integer(0, 5)),
+}, rules=(_best_of_not_streamed, _best_of_covers_n))
+EDITS_FIELDS = FieldTable("/v1/edits", {
+    "model": SAMPLING["model"], "temperature": SAMPLING["temperature"], "top_p": SAMPLING["top_p"],
+    "user": SAMPLING["user"],
+    "instruction": Field(PRICED, _instruction, required=True),  # (sent as the system message)
+    "input": Field(PRICED, text(MAX_TEXT, empty=True)),  # (sent as the user message)
+    "max_tokens": Field(BUDGET),
+    "max_completion_tokens": Field(BUDGET),
+    "n": Field(BUDGET, CHOICES),
+    "stream": Field(FREE, only(False, "is not supported: /v1/edits does not stream; leave 'stream' out "
+                                      "or use /v1/chat/completions")),
+})
+EMBEDDINGS_FIELDS = FieldTable("/v1/embeddings", {
+    "model": SAMPLING["model"], "user": SAMPLING["user"],
+    "input": Field(PRICED, _texts(MAX_EMBEDDING_INPUTS, allow_empty=False, what="items"), required=True),
+    "encoding_format": Field(FREE, one_of("float", "base64")),
+    "dimensions": Field(FREE, integer(1, 1 << 16)),
+})
+
+
 def _choices_of(answer: Any) -> list[Any]:
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list):
@@ -96,19 +151,8 @@ def _choices_of(answer: Any) -> list[Any]:
 
 
 def validate_completions(body: dict[str, Any], spec: ModelSpec) -> None:
-    if "prompt" not in body:
-        raise SkillInputError("'prompt' is required: a string or an array of strings", "prompt")
-    prompts = _strings(body["prompt"], "prompt", allow_empty=True)  # "" is a valid legacy prompt
-    if len(prompts) > MAX_PROMPTS:
-        raise SkillInputError(f"'prompt' has {len(prompts)} prompts; send at most {MAX_PROMPTS} per "
-                              "request", "prompt")
     COMPLETIONS_FIELDS.check(body)
     output_budget(body, spec)
-    n, best_of = body.get("n") or 1, body.get("best_of")
-    if best_of is not None and best_of < n:
-        raise SkillInputError("'best_of' must be greater than or equal to 'n'", "best_of")
-    if best_of not in (None, 1) and body.get("stream") is True:
-        raise SkillInputError("'best_of' cannot be used with 'stream'", "best_of")
 
 
 def _prompts(body: dict[str, Any]) -> list[str]:
@@ -156,29 +200,21 @@ def make_completions_operation(spec: ModelSpec, targets: Targets, client: Upstre
         return metered_stream(client, targets, "/completions", completions_upstream_body(body, spec), spec)
 
     return Operation("completions", run, price, validate, stream,
-                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE)
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE,
+                     request_schema=budget_schema(spec))
 
 
 # ---- edits ---------------------------------------------------------------------------------------
 
 
 def validate_edits(body: dict[str, Any], spec: ModelSpec) -> None:
-    instruction = body.get("instruction")
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise SkillInputError("'instruction' is required: a non-empty string telling the model how "
-                              "to edit the input", "instruction")
-    if not isinstance(body.get("input", ""), str):
-        raise SkillInputError("'input' must be a string (the text to edit)", "input")
-    if body.get("stream") is True:  # the edits API never streamed; say so rather than ignore it
-        raise SkillInputError("/v1/edits does not stream; leave 'stream' out or use "
-                              "/v1/chat/completions", "stream")
     EDITS_FIELDS.check(body)
     output_budget(body, spec)
 
 
 def edit_messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    return [{"role": "system", "content": str(body.get("instruction", ""))},
-            {"role": "user", "content": str(body.get("input", ""))}]
+    return [{"role": "system", "content": body.get("instruction") or ""},
+            {"role": "user", "content": body.get("input") or ""}]  # (null means absent)
 
 
 def edits_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
@@ -221,19 +257,14 @@ def make_edits_operation(spec: ModelSpec, targets: Targets, client: Upstream) ->
                            upstream_cost_usd=token_cost(usage, spec))
 
     return Operation("edits", run, price, validate,
-                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE)
+                     price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE,
+                     request_schema=budget_schema(spec))
 
 
 # ---- embeddings ----------------------------------------------------------------------------------
 
 
 def validate_embeddings(body: dict[str, Any], spec: ModelSpec) -> None:
-    if "input" not in body:
-        raise SkillInputError("'input' is required: a string or an array of strings", "input")
-    inputs = _strings(body["input"], "input", allow_empty=False)
-    if len(inputs) > MAX_EMBEDDING_INPUTS:
-        raise SkillInputError(f"'input' has {len(inputs)} items; send at most {MAX_EMBEDDING_INPUTS} "
-                              "per request", "input")
     EMBEDDINGS_FIELDS.check(body)
 
 

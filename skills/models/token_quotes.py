@@ -30,8 +30,22 @@ from decimal import ROUND_FLOOR, Decimal
 from typing import Any
 
 from ..errors import SkillInputError
+from ..json_numbers import is_whole, whole
 from ..tokens import estimate_tokens
-from .request_fields import FREE, Field, boolean, described, integer, number, obj, text, texts
+from .request_fields import (
+    FREE,
+    Check,
+    Field,
+    boolean,
+    described,
+    integer,
+    nullable,
+    number,
+    obj,
+    schema_of,
+    text,
+    texts,
+)
 from .spec import CAP_FIELDS, ModelSpec
 from .upstream import Target
 
@@ -44,6 +58,7 @@ TOKEN_RULE = ("estimated input tokens x the model's input price, plus the output
               "output price")
 EMBEDDINGS_RULE = "estimated input tokens x the model's input price"
 MAX_CHOICES = 128  # OpenAI's upper bound for `n` and `best_of`
+CHOICES = integer(1, MAX_CHOICES)  # `n`, `best_of`: completions generated per prompt
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 300
 
@@ -102,16 +117,38 @@ class OutputBudget:
         return {cap_field: self.cap, **{k: v for k, v in self.forward.items() if k != self.field}}
 
 
+def _cap(spec: ModelSpec) -> Check:
+    """An output cap (or a reasoning budget inside it) this model can be asked for."""
+    maximum = spec.max_output_tokens
+    assert maximum is not None  # the table requires it of token models
+
+    @described({"type": "integer", "minimum": 1, "maximum": maximum})
+    def check(value: Any, name: str) -> None:
+        if not is_whole(value) or not 1 <= value <= maximum:
+            raise SkillInputError(f"'{name}' must be a whole number from 1 to {maximum} for {spec.id}", name)
+
+    return check
+
+
+def budget_schema(spec: ModelSpec, inner: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What this model adds to its route's body schema: the caps (and reasoning budgets) it allows,
+    as `output_budget` checks them (the route's table cannot say: they differ by model)."""
+    cap = nullable(schema_of(_cap(spec)))
+    return {"properties": {**{name: cap for name in CAP_FIELDS},
+                           **{name: {"properties": {key: cap}} for name, key in (inner or {}).items()}}}
+
+
 def output_budget(body: Mapping[str, Any], spec: ModelSpec, *, prompts: int = 1,
                   inner: Mapping[str, str] | None = None) -> OutputBudget:
     """The paid output of a request (checked: 400 naming the field when it cannot be paid for).
     `inner`: reasoning budgets spent inside the cap, field -> its budget key."""
-    maximum, default = spec.max_output_tokens, spec.default_max_tokens
-    assert maximum is not None and default is not None  # the table requires them of token models
+    default = spec.default_max_tokens
+    assert default is not None  # the table requires it of token models
+    cap_check = _cap(spec)
     given: dict[str, Any] = {name: body[name] for name in CAP_FIELDS if body.get(name) is not None}
     for name, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
-            raise SkillInputError(f"'{name}' must be a whole number from 1 to {maximum} for {spec.id}", name)
+        cap_check(value, name)
+    given = {name: whole(value) for name, value in given.items()}
     if len(set(given.values())) > 1:
         raise SkillInputError(
             f"'max_tokens' ({given['max_tokens']}) and 'max_completion_tokens' "
@@ -124,19 +161,18 @@ def output_budget(body: Mapping[str, Any], spec: ModelSpec, *, prompts: int = 1,
     for name in ("n", "best_of"):
         value = body.get(name)
         if value is not None:
-            integer(1, MAX_CHOICES)(value, name)
-            forward[name] = value
-            choices = max(choices, value)
+            CHOICES(value, name)
+            forward[name] = whole(value)
+            choices = max(choices, forward[name])
     for name, key in (inner or {}).items():
         value = body.get(name)
         budget = value.get(key) if isinstance(value, dict) else None
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
-                                   or not 1 <= budget <= cap):
+        if budget is not None and (not is_whole(budget) or not 1 <= budget <= cap):
             raise SkillInputError(f"'{name}.{key}' must be a whole number from 1 to {cap}: reasoning is "
                                   f"spent inside the paid output cap ({cap_field} = {cap})",
                                   f"{name}.{key}")
         if value is not None:
-            forward[name] = value
+            forward[name] = value if budget is None else {**value, key: whole(budget)}
     return OutputBudget(cap_field, cap, max(1, prompts) * choices, forward, chosen=bool(given))
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
+from skills.json_numbers import is_whole, whole
 from skills.resource_context import ResourceContext
 
 from .attention_sources import SOURCES, Source, SourceError, Target, base_url_problem, iso, target_for
@@ -74,8 +75,7 @@ def validate(payload: dict[str, Any]) -> None:
                                   "such as 'bitcoin' or 'shiba-inu'", "coin_id")
     if "window_days" in payload:
         window = payload["window_days"]
-        if isinstance(window, bool) or not isinstance(window, int) or not (
-                1 <= window <= MAX_WINDOW_DAYS):
+        if not is_whole(window) or not 1 <= window <= MAX_WINDOW_DAYS:  # (30.0 is JSON's 30 too)
             raise SkillInputError(f"field 'window_days' must be a whole number of days from 1 to "
                                   f"{MAX_WINDOW_DAYS} (default {DEFAULT_WINDOW_DAYS})",
                                   "window_days")
@@ -173,7 +173,7 @@ async def run(payload: dict[str, Any], context: ResourceContext) -> dict[str, An
     settings = limits(context)
     now = datetime.now(UTC)
     target = target_for(payload["ticker"].upper(), payload.get("coin_id"),
-                        payload.get("window_days", DEFAULT_WINDOW_DAYS), now)
+                        whole(payload.get("window_days", DEFAULT_WINDOW_DAYS)), now)
     outcomes = await lookup_all(context, target, settings)
     if not any(isinstance(o, Found) for o in outcomes.values()):
         raise UpstreamError("no source of the attention report answered: " + "; ".join(

@@ -27,7 +27,9 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from skills.described import NOT_BLANK, SPACES, described
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError
+from skills.json_numbers import is_whole
 from skills.resource_context import ResourceContext
 from skills.skill import Operation, SkillResult
 
@@ -83,6 +85,10 @@ _CUISINE_CHARS = re.compile(r"[^\W\d_]+(?:[ '’&/,.-]+[^\W\d_]+)*\.?")
 # ---------------------------------------------------------------------------------- validation
 
 
+@described({"properties": {  # what the resource file's schema does not say (the safety check aside)
+    "prompt": {"pattern": NOT_BLANK},
+    "cuisine": {"pattern": f"^[{SPACES}]*{_CUISINE_CHARS.pattern}[{SPACES}]*$",
+                "maxLength": MAX_CUISINE_CHARS}}})
 def validate(payload: dict[str, Any]) -> None:
     """Raise SkillInputError naming the field when `payload` cannot run or is not safe for work."""
     if not isinstance(payload, dict):
@@ -96,7 +102,7 @@ def validate(payload: dict[str, Any]) -> None:
     _check_choice(payload, "size", SIZES)
     if "cuisine" in payload:
         _check_cuisine(payload["cuisine"])
-    if "n" in payload and (type(payload["n"]) is not int or payload["n"] != 1):
+    if "n" in payload and (not is_whole(payload["n"]) or payload["n"] != 1):  # (1.0 is JSON's 1)
         raise SkillInputError("field 'n' must be 1: a call makes one image (the price is per call)",
                               "n")
     _check_safe("prompt", payload["prompt"])

@@ -1,8 +1,10 @@
 """token-count-508: how many tokens a text or chat takes for a model.
 
 Counted locally by skills.tokens, no network, deterministic: exact (``"method": "exact"``)
-for models on cl100k_base / o200k_base; for other families the exact count of the closest
-encoding times a calibrated multiplier (``"method": "heuristic"``, ``multiplier`` given).
+where the model's own tokenizer runs here (OpenAI's cl100k_base / o200k_base and the other
+families skills.tokens lists); for a model whose tokenizer is not published, the exact count
+of the nearest real tokenizer times a calibrated multiplier (``"method": "heuristic"``,
+``multiplier`` and ``encoding_tokens`` given).
 
 Input, a JSON object with exactly these fields:
 - ``model`` (required): non-empty string, at most 200 characters. Unknown models are
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from skills.described import NOT_BLANK, described
 from skills.errors import SkillInputError
 from skills.tokens import TokenEstimate, counting_may_block, estimate_messages, estimate_tokens
 
@@ -129,6 +132,21 @@ def _check_messages(messages: Any) -> None:
             )
 
 
+_WORD = {"type": "string", "pattern": NOT_BLANK}  # not empty, not only spaces (`.strip()`)
+_MESSAGE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["role", "content"],
+                   "properties": dict(zip(_MESSAGE_FIELDS, (
+                       {**_WORD, "maxLength": MAX_ROLE_CHARS}, {"type": "string"},
+                       {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}), strict=True))}
+# What `validate` enforces, as JSON Schema (all but the 1,000,000 characters of a chat in all: a sum)
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["model"],
+          "oneOf": [{"required": ["text"]}, {"required": ["messages"]}],
+          "properties": dict(zip(_FIELDS, (
+              {"type": "string", "minLength": 1, "maxLength": MAX_CHARS},
+              {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": _MESSAGE_SCHEMA},
+              {**_WORD, "maxLength": MAX_MODEL_CHARS}), strict=True))}
+
+
+@described(SCHEMA)
 def validate(payload: dict[str, Any]) -> None:
     """Raise SkillInputError naming the offending field if ``payload`` cannot run."""
     if not isinstance(payload, dict):

@@ -57,6 +57,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from skills.described import described
 from skills.errors import SkillInputError, SkillUnavailableError, UpstreamError, UpstreamTimeout
 from skills.net_guard import (
     ForbiddenAddress,
@@ -254,6 +255,17 @@ def parse(payload: Any) -> WebhookRequest:
     )
 
 
+# The URL's shape: http(s), a host (a name or an IP literal), a port, no spaces or control characters
+# (that the host is well formed and public is checked on the name itself: `_host_ip`)
+_URL_SHAPE = r"^[Hh][Tt][Tt][Pp][Ss]?://(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?(?:[/?#][^\x00-\x20\x7f]*)?$"
+
+
+@described({"properties": {  # what the resource file's schema does not say
+    **{name: {} for name in _FIELDS},
+    "url": {"pattern": _URL_SHAPE, "not": {"pattern": "[\\x00-\\x20\\x7f]"}},  # ($ passes a final \n)
+    "headers": {"propertyNames": {"pattern": _TOKEN.pattern, "maxLength": MAX_HEADER_NAME_CHARS},
+                "additionalProperties": {"pattern": _HEADER_VALUE.pattern}}},
+    "additionalProperties": False, "not": {"required": ["payload", "event"]}})
 def validate(payload: dict[str, Any], context: ResourceContext) -> None:
     """Refuse, before the quote, what cannot run, forbidden IP literals included (a name is
     checked when it is resolved, at run time)."""
