@@ -325,7 +325,7 @@ class Settings(_FromEnvironment):
         "retry with the same payment gets it instead of a second charge")
     result_keep_max_bytes: int = _whole(
         "PAYWIRE_RESULT_KEEP_MAX_BYTES", MEBIBYTE, "largest result kept for a retry (a larger "
-        "one that is lost is run again for free once)", least=0)
+        "one that is lost is run again for free, at most twice)", least=0)
     reconcile_interval_seconds: float = _seconds(
         "PAYWIRE_RECONCILE_INTERVAL_SECONDS", 15.0, "how often the reconciler asks the chain "
         "about payments whose settlement outcome is not known")

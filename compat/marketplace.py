@@ -11,7 +11,9 @@ from starlette.routing import Route
 from agent.edge.http_io import HttpProblem, client_address, payment_from, read_json_object, render
 from agent.pipeline.bazaar import HttpRoute
 from agent.pipeline.catalogue import AVAILABLE, Availability, usd_text
-from agent.pipeline.gateway import CallRequest, Gateway
+from agent.pipeline.gateway import CallRequest, Gateway, Outcome
+
+from .openai_common import answer_call
 
 MAX_PAGE_SIZE = 100
 DEFAULT_PAGE_SIZE = 50
@@ -58,6 +60,10 @@ def catalogue_item(skill: Any, availability: Availability = AVAILABLE,
     }
 
 
+def _rendered(outcome: Outcome) -> Response:
+    return render(outcome, error_wrapper=_FAILED)
+
+
 def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
     async def catalogue(request: Request) -> Response:
         page = _int_param(request, "page", 1)
@@ -99,7 +105,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             raise HttpProblem(404, "unknown_resource", f"no resource named '{resource_id}'; GET "
                               "/api/marketplace/apis lists them", "resource_id")
         payload = await read_json_object(request, max_body_bytes, param="body")
-        outcome = await gateway.call(CallRequest(
+        return await answer_call(gateway, CallRequest(
             skill_id=resource_id,
             skill=skill,
             payload=payload,
@@ -107,8 +113,7 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str) -> list[Route]:
             payment=payment_from(request.headers),
             client=client_address(request),
             route=INVOKE_ROUTE,
-        ))
-        return render(outcome, error_wrapper=_FAILED)
+        ), _rendered)
 
     return [
         Route("/api/marketplace/apis", catalogue, methods=["GET"]),

@@ -1,10 +1,11 @@
-"""Shared pieces of the OpenAI-compatible routes: body reading, model lookup, errors, SSE."""
+"""Shared pieces of the OpenAI-compatible routes: body reading, model lookup, errors, SSE; and
+the paid answer every REST route makes (`answer_call`, `PaidAnswer`: the marketplace's too)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -123,17 +124,19 @@ class PaidAnswer(Response):
     starts (not only once a stream begins). A client that leaves while the upstream works stops
     the call before settlement (nothing is charged); one that leaves while it settles, or before
     the answer's last byte, gets the result on a retry of the same payment (the pipeline is told
-    it was not delivered)."""
+    it was not delivered). `render` writes the face's answer of the Outcome (OpenAI's by default;
+    the marketplace wraps its errors)."""
 
-    def __init__(self, gateway: Gateway, req: CallRequest) -> None:  # (no body of its own)
-        self.gateway, self.req = gateway, req
+    def __init__(self, gateway: Gateway, req: CallRequest,
+                 render: Callable[[Outcome], Response] | None = None) -> None:  # (no body of its own)
+        self.gateway, self.req, self.render = gateway, req, render or respond
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         answered = False
         async with _watching(receive) as client:
             outcome = await self.gateway.call(self.req)
             answered = True
-            response = respond(outcome)
+            response = self.render(outcome)
             if isinstance(response, EventStream):
                 await response.answer(send, client)
                 return
@@ -209,6 +212,15 @@ class _ClientWatch:
             watcher.cancel()
 
 
+async def answer_call(gateway: Gateway, req: CallRequest,
+                      render: Callable[[Outcome], Response] | None = None) -> Response:
+    """The answer of a call on any REST route: a paid one is made inside its answer, its client
+    watched (`PaidAnswer`); an unpaid one (a quote, a refusal, a free skill) is answered at once."""
+    if req.payment is not None:
+        return PaidAnswer(gateway, req, render)
+    return (render or respond)(await gateway.call(req))
+
+
 def find_model(gateway: Gateway, model: str) -> Any:
     """The model skill named `model`; HttpProblem 404 `model_not_found` if there is none."""
     skill = gateway.catalogue.get(model)
@@ -282,8 +294,6 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
             skill_id=skill.id, skill=skill, payload=body, resource_url=f"{base_url}{path}",
             payment=payment, stream=body.get("stream") is True, operation=operation,
             client=client_address(request), route=route)
-        if payment is not None:
-            return PaidAnswer(gateway, req)
-        return respond(await gateway.call(req))
+        return await answer_call(gateway, req)
 
     return Route(path, handle, methods=["POST"])

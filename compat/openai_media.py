@@ -32,7 +32,7 @@ from agent.edge.http_io import (
 from agent.pipeline.gateway import CallRequest, Gateway
 from agent.pipeline.payloads import UploadedFile
 
-from .openai_common import empty, json_model_route, model_route, model_skill, respond
+from .openai_common import answer_call, empty, json_model_route, model_route, model_skill, respond
 
 MAX_UPLOAD_BYTES = 25 * 1024 * 1024  # OpenAI's own limit for audio and image uploads
 MAX_PARTS = 64  # far above any OpenAI form; a bound on work for a hostile one
@@ -204,10 +204,10 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
 
     async def call(request: Request, path: str, operation: str, payload: dict[str, Any]) -> Response:
         skill = model_skill(gateway, payload, operation)
-        return respond(await gateway.call(CallRequest(
+        return await answer_call(gateway, CallRequest(
             skill_id=skill.id, skill=skill, payload=payload, resource_url=f"{base_url}{path}",
             payment=payment_from(request.headers), operation=operation,
-            client=client_address(request), route=described[path])))
+            client=client_address(request), route=described[path]))
 
     async def probe(request: Request, path: str) -> Response:
         """An empty request without payment (an indexer's probe): the route's quote."""

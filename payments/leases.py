@@ -1,9 +1,10 @@
 """The rows this replica is working on, and the task that keeps their leases alive.
 
-A claim, a settlement intent and a pending row carry a lease (`lease_until`) in the ledger. While
-this process works on a row it renews the lease every third of its length; a process that dies
-stops renewing, and once the lease has run out a retry of the same payment or the reconciler may
-take the row (payments/ledger.py `take`). One UPDATE per renewal covers every row in flight.
+A claim, a settlement intent, a pending row and a free re-run of a settled one carry a lease
+(`lease_until`) in the ledger. While this process works on a row it renews the lease every third
+of its length; a process that dies stops renewing, and once the lease has run out a retry of the
+same payment or the reconciler may take the row (payments/ledger.py `take`, `take_redelivery`).
+One UPDATE per renewal covers every row in flight.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .ledger import Ledger
@@ -35,20 +37,35 @@ class SettlementPolicy:
     keep_result_seconds: float = 86_400.0  # how long a paid result is kept for a retry
     keep_result_max_bytes: int = 1 << 20  # larger results are not kept (a retry re-runs free)
     pending_retry_seconds: int = 5  # Retry-After on a settlement whose outcome is not known yet
+    # A settled result that did not reach its payer is run again, free, at most this many times
+    # per payment; the last re-run runs to its end whatever its caller does, and its result is
+    # kept up to `last_rerun_keep_max_bytes` (the size setting notwithstanding) for the next retry.
+    free_reruns: int = 2
+    last_rerun_keep_max_bytes: int = 32 << 20
+
+    def keep_limit(self, *, last_rerun: bool = False) -> int:
+        """The largest result kept for a retry (a last free re-run's bound is the larger one)."""
+        if last_rerun:
+            return max(self.keep_result_max_bytes, self.last_rerun_keep_max_bytes)
+        return self.keep_result_max_bytes
 
 
 class InFlight:
-    """Row ids this process holds leases on; `run` renews them until cancelled."""
+    """Row ids this process holds leases on; `run` renews them until cancelled. Counted: a row
+    two pieces of work hold (a retry settling a payment again, then running it again free)
+    keeps its lease until both let go."""
 
     def __init__(self, ledger: Ledger, policy: SettlementPolicy) -> None:
         self._ledger, self._policy = ledger, policy
-        self._rows: set[str] = set()
+        self._rows: Counter[str] = Counter()
 
     def add(self, row_id: str) -> None:
-        self._rows.add(row_id)
+        self._rows[row_id] += 1
 
     def discard(self, row_id: str) -> None:
-        self._rows.discard(row_id)
+        self._rows[row_id] -= 1
+        if self._rows[row_id] <= 0:
+            del self._rows[row_id]
 
     def __contains__(self, row_id: object) -> bool:
         return row_id in self._rows

@@ -104,6 +104,7 @@ class PaymentRow:
     delivered_at: datetime | None
     created_at: datetime
     error: str | None = None
+    reruns: int = 0  # free re-runs taken for a result that did not reach its payer
 
     @property
     def key(self) -> PaymentKey:
@@ -125,7 +126,7 @@ class PaymentRow:
             tx_hash=mapping["tx_hash"], payment_id=mapping["payment_id"],
             chain_ref=mapping["chain_ref"], owner=mapping["owner"],
             lease_until=mapping["lease_until"], delivered_at=mapping["delivered_at"],
-            created_at=mapping["created_at"], error=mapping["error"],
+            created_at=mapping["created_at"], error=mapping["error"], reruns=mapping["reruns"],
         )
 
 
@@ -510,20 +511,23 @@ class Ledger:
                 r.c.payment_row == row_id, r.c.expires_at > _now())))).mappings().first()
         return StoredResult(row["status"], row["media_type"], bytes(row["body"])) if row else None
 
-    async def take_redelivery(self, row_id: str, *, lease_seconds: float) -> bool:
+    async def take_redelivery(self, row_id: str, *, owner: str, lease_seconds: float,
+                              max_reruns: int) -> int | None:
         """A settled row whose result has not reached its payer and was not kept: the first retry
-        to ask runs the call again (free), under a lease on the row (no other retry runs it
-        meanwhile; a re-run whose replica died frees it when the lease runs out). False for
-        everyone else. The re-run ends with `record_handover` or `mark_undelivered`."""
+        to ask runs the call again (free), under a lease on the row that `owner` renews while the
+        re-run lasts (no other retry runs it meanwhile; a re-run whose replica died frees it when
+        the lease runs out), at most `max_reruns` times per payment. Returns the re-run's number
+        (1 for the first), None for everyone else. The re-run ends with `record_handover`."""
         now = _now()
         t = payments_table
         async with self._write() as conn:
-            result = await conn.execute(
+            return (await conn.execute(
                 update(t).where(and_(t.c.id == row_id, t.c.state == PaymentState.SETTLED,
-                                     t.c.delivered_at.is_(None),
+                                     t.c.delivered_at.is_(None), t.c.reruns < max_reruns,
                                      or_(t.c.lease_until.is_(None), t.c.lease_until < now)))
-                .values(lease_until=now + timedelta(seconds=lease_seconds), updated_at=now))
-            return result.rowcount == 1
+                .values(lease_until=now + timedelta(seconds=lease_seconds), owner=owner,
+                        reruns=t.c.reruns + 1, updated_at=now)
+                .returning(t.c.reruns))).scalar_one_or_none()
 
     async def mark_delivered(self, row_id: str) -> None:
         """The settled result reached its payer (the first time counts); a re-run's lease ends."""
@@ -535,8 +539,8 @@ class Ledger:
                 .values(delivered_at=now, lease_until=None, updated_at=now))
 
     async def mark_undelivered(self, row_id: str) -> None:
-        """The settled result did not reach its payer (it left first, or a free re-run failed):
-        the next retry of the payment gets the kept result, or runs the call again."""
+        """The settled result did not reach its payer (the face says it left first): the next
+        retry of the payment gets the kept result, or runs the call again (`take_redelivery`)."""
         t = payments_table
         async with self._write() as conn:
             await conn.execute(update(t).where(and_(
@@ -547,10 +551,11 @@ class Ledger:
                               latency_ms: int | None = None, usage: dict[str, Any] | None = None,
                               upstream_cost_usd: Decimal | None = None,
                               result: StoredResult | None = None,
-                              keep_result_seconds: float = 0) -> None:
-        """How a settled stream went out, in one write: its usage (when `latency_ms` is given; a
-        free re-run leaves the paid run's), `delivered` (its last byte reached the caller), the
-        result kept for a retry (a stream read to its end by nobody); a re-run's lease ends."""
+                              keep_result_seconds: float = 0, rerun_failed: bool = False) -> None:
+        """How a settled result went out, in one write: its usage (when `latency_ms` is given; a
+        free re-run leaves the paid run's), `delivered` (it reached the caller), the result kept
+        for a retry (a stream read to its end by nobody, a last re-run's result); a re-run's
+        lease ends (`rerun_failed`: it failed before any result, so it is not counted)."""
         t = payments_table
         now = _now()
         values: dict[str, Any] = {"lease_until": None, "updated_at": now}
@@ -559,6 +564,8 @@ class Ledger:
                        "upstream_cost_usd": upstream_cost_usd}
         if delivered:
             values["delivered_at"] = now
+        if rerun_failed:
+            values["reruns"] = t.c.reruns - 1
         async with self._write() as conn:
             await conn.execute(update(t).where(t.c.id == row_id).values(**values))
             if result is not None:  # (an expired one may still be there: replaced)
@@ -578,15 +585,17 @@ class Ledger:
     # -- leases and the reconciler -------------------------------------------------------------
 
     async def renew_leases(self, owner: str, row_ids: Iterable[str], lease_seconds: float) -> int:
-        """Extend this owner's leases on the unfinished rows it is working on."""
+        """Extend this owner's leases on the rows it is working on: unfinished ones, and settled
+        ones it is running again (`take_redelivery`; a settled row has a lease only then)."""
         ids = list(row_ids)
         if not ids:
             return 0
         t = payments_table
         async with self._write() as conn:
             result = await conn.execute(
-                update(t).where(and_(t.c.id.in_(ids), t.c.owner == owner,
-                                     t.c.state.in_(UNFINISHED)))
+                update(t).where(and_(t.c.id.in_(ids), t.c.owner == owner, or_(
+                    t.c.state.in_(UNFINISHED),
+                    and_(t.c.state == PaymentState.SETTLED, t.c.lease_until.is_not(None)))))
                 .values(lease_until=_now() + timedelta(seconds=lease_seconds)))
             return result.rowcount or 0
 

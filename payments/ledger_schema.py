@@ -37,6 +37,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
@@ -123,6 +124,9 @@ payments_table = Table(
     Column("owner", String(64)),
     Column("lease_until", DateTime(timezone=True)),
     Column("delivered_at", DateTime(timezone=True)),
+    # Free re-runs taken for a settled result that did not reach its payer (bounded by
+    # SettlementPolicy.free_reruns: a payer whose client always leaves is not run for forever).
+    Column("reruns", Integer, nullable=False, server_default=text("0")),
     UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
     UniqueConstraint("payment_id", name="uq_payment_identifier"),
     Index("ix_payments_unfinished", "state", "lease_until"),

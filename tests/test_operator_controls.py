@@ -205,7 +205,7 @@ async def test_a_0002_database_upgrades_to_the_operator_controls(
         async with engine.begin() as conn:
             await conn.run_sync(lambda sync: command.upgrade(schema.alembic_config(sync),
                                                              "0002_settlement_states"))
-        assert await schema.upgrade(engine) == ("0002_settlement_states", "0003_operator_controls")
+        assert await schema.upgrade(engine) == ("0002_settlement_states", schema.head_revision())
 
         def shape(sync: Any) -> tuple[set[str], set[str]]:
             found = inspect(sync)

@@ -14,6 +14,10 @@ cancel unless the task waits for payment with no call in flight, so the SDK neve
 work on a caller's request. When the SDK cancels an execution anyway (shutdown), a call whose
 settlement had not begun is stopped (nothing is charged: `SettleGuard`), and one whose settlement
 had begun runs to its end and its result and receipt are stored on the task.
+
+A paid result reaches its payer through the task (its owner, or the wallet that paid, reads it
+with tasks/get whoever is still connected): it counts as delivered once the completed task
+holding it is stored, and not if it could not be (a retry of the payment then gets it).
 """
 
 from __future__ import annotations
@@ -228,17 +232,18 @@ class PaywireExecutor(AgentExecutor):
         try:
             await asyncio.shield(work)
         except asyncio.CancelledError:
-            await self._interrupted(work, guard, recorder, context)
+            await self._interrupted(work, guard, recorder)
             raise
         finally:
             self._running.discard(task_id)
+            await self._store_dropped(recorder, context)
 
     async def _interrupted(self, work: asyncio.Future[None], guard: SettleGuard,
-                           recorder: _Recorder, context: RequestContext) -> None:
+                           recorder: _Recorder) -> None:
         """The SDK cancelled this execution (shutdown). Before settlement the call is stopped (the
         pipeline releases its claim: nothing is charged) and the task fails saying so; once
-        settlement has begun the call runs to its end and the task gets its result and receipt.
-        If the SDK already closed its queue, the task those events built is stored here."""
+        settlement has begun the call runs to its end and the task gets its result and receipt
+        (stored by `_store_dropped` if the SDK already closed its queue)."""
         stopped = guard.stop()
         if stopped:
             work.cancel()
@@ -257,8 +262,20 @@ class PaywireExecutor(AgentExecutor):
             await TaskUpdater(recorder, task.id, task.context_id).failed(_agent_message(
                 task.context_id, task.id, text,
                 {"paywire.error": {"code": "interrupted", "status": 503}}))
-        if recorder.dropped and self.store is not None and task.id and context.call_context:
-            await self.store.save(task, context.call_context)
+
+    async def _store_dropped(self, recorder: _Recorder, context: RequestContext) -> None:
+        """The SDK closed the task's queue (shutdown) before the executor's last events: the task
+        those events built is saved here, and a result it holds counts as delivered once it is
+        (not at all if it cannot be: a retry of the payment gets it)."""
+        if not recorder.dropped:
+            return
+        stored = False
+        try:
+            if self.store is not None and recorder.task.id and context.call_context:
+                await self.store.save(recorder.task, context.call_context)
+                stored = True
+        finally:
+            await recorder.stored(stored)
 
     async def _execute(self, context: RequestContext, event_queue: _Recorder) -> None:
         message = context.message
@@ -286,7 +303,7 @@ class PaywireExecutor(AgentExecutor):
         outcome = await self.gateway.call(CallRequest(
             skill_id=call.skill_id, payload=call.input, resource_url=self.rpc_url, payment=payment,
             stream=True, operation=call.operation, client=caller_address(context)))
-        await self._finish(updater, outcome, scope, paid_attempt=payment is not None,
+        await self._finish(updater, event_queue, outcome, scope, paid_attempt=payment is not None,
                            v1_quote=wants_v1_quote(context.requested_extensions))
 
     async def _pay_pending(self, context: RequestContext, event_queue: _Recorder, task: Task,
@@ -319,47 +336,26 @@ class PaywireExecutor(AgentExecutor):
             skill_id=request["skill"], payload=request["input"], resource_url=self.rpc_url,
             payment=Payment.from_object(payload, PAYLOAD_KEY), stream=True,
             operation=request.get("operation"), client=caller_address(context)))
-        await self._finish(updater, outcome, http_scope(context), paid_attempt=True)
+        await self._finish(updater, event_queue, outcome, http_scope(context), paid_attempt=True)
 
-    async def _finish(self, updater: TaskUpdater, outcome: Outcome, scope: HttpPaymentScope | None,
-                      *, paid_attempt: bool, v1_quote: bool = False) -> None:
+    async def _finish(self, updater: TaskUpdater, recorder: _Recorder, outcome: Outcome,
+                      scope: HttpPaymentScope | None, *, paid_attempt: bool,
+                      v1_quote: bool = False) -> None:
         if scope is not None:
             scope.outcomes.append(outcome)
         ctx, tid = updater.context_id, updater.task_id
-        if isinstance(outcome, Delivered) and outcome.stream is not None:
+        if isinstance(outcome, Delivered):
             if scope is not None and outcome.receipt is not None:
                 scope.receipt = outcome.receipt
-            # The result reaches the payer through its task (stored; read with tasks/get, or
-            # streamed): delivered once the task holds all of it, whoever is still connected.
+            # The result reaches the payer through its task, stored whoever is still connected
+            # (read with tasks/get by its owner, or by the wallet that paid): delivered once the
+            # completed task holding all of it is handed to the task store.
             stored = False
             try:
-                stored = await self._stream_to_task(updater, outcome)
+                stored = await (self._stream_to_task(updater, outcome) if outcome.stream is not None
+                                else self._result_to_task(updater, outcome))
             finally:
-                outcome.handed_over(stored)
-            return
-        if isinstance(outcome, Delivered):
-            body = outcome.result.body
-            parts: list[Part] = []
-            if isinstance(body, bytes | bytearray) and _is_json(outcome.result.media_type):
-                body = _json_or_bytes(bytes(body))  # a forwarded upstream's JSON: a data part
-            if isinstance(body, bytes | bytearray):
-                parts.append(Part(raw=bytes(body), media_type=outcome.result.media_type))
-            else:
-                # The data part is convenient but protobuf turns its integers into doubles;
-                # the JSON text part is the REST body exactly.
-                parts.append(new_data_part(body, "application/json"))
-                parts.append(new_text_part(json_text(body), "application/json"))
-                text = _answer_text(body)
-                if text:
-                    parts.append(new_text_part(text))
-            await updater.add_artifact(parts, name="result", last_chunk=True)
-            receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
-            if scope is not None and outcome.receipt is not None:
-                scope.receipt = outcome.receipt
-            meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
-            await updater.update_status(TaskState.TASK_STATE_COMPLETED,
-                                        _agent_message(ctx, tid, "Done.", meta),
-                                        metadata=_payer_grant(outcome))
+                recorder.handed_over(outcome, stored)
             return
         if isinstance(outcome, PaymentDemanded):
             if not paid_attempt:
@@ -386,6 +382,30 @@ class PaywireExecutor(AgentExecutor):
             if scope is not None:
                 scope.receipt = outcome.receipt
         await updater.failed(_agent_message(ctx, tid, outcome.message, meta))
+
+    async def _result_to_task(self, updater: TaskUpdater, outcome: Delivered) -> bool:
+        """A result as the task's artifact, and the task completed with its receipt (True)."""
+        body = outcome.result.body
+        parts: list[Part] = []
+        if isinstance(body, bytes | bytearray) and _is_json(outcome.result.media_type):
+            body = _json_or_bytes(bytes(body))  # a forwarded upstream's JSON: a data part
+        if isinstance(body, bytes | bytearray):
+            parts.append(Part(raw=bytes(body), media_type=outcome.result.media_type))
+        else:
+            # The data part is convenient but protobuf turns its integers into doubles;
+            # the JSON text part is the REST body exactly.
+            parts.append(new_data_part(body, "application/json"))
+            parts.append(new_text_part(json_text(body), "application/json"))
+            text = _answer_text(body)
+            if text:
+                parts.append(new_text_part(text))
+        await updater.add_artifact(parts, name="result", last_chunk=True)
+        receipts = [_dump(outcome.receipt)] if outcome.receipt is not None else []
+        meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
+        await updater.update_status(TaskState.TASK_STATE_COMPLETED,
+                                    _agent_message(updater.context_id, updater.task_id, "Done.", meta),
+                                    metadata=_payer_grant(outcome))
+        return True
 
     async def _stream_to_task(self, updater: TaskUpdater, outcome: Delivered) -> bool:
         """A delivered stream as the task's artifact, appended chunk by chunk; the task completes
@@ -434,13 +454,14 @@ _TERMINAL = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_CANCELED,
 class _Recorder:
     """The queue the executor writes to: passes each event on to the SDK's queue and applies it to
     a copy of the task, as the SDK's TaskManager does. At shutdown the SDK closes its queue and
-    drops what follows; a call that settled still ends, and `PaywireExecutor._interrupted` stores
-    this copy itself."""
+    drops what follows; a call that settled still ends, and `PaywireExecutor._store_dropped`
+    stores this copy itself (the pipeline's word on its result waits for that save)."""
 
     def __init__(self, queue: EventQueue, context: RequestContext) -> None:
         self.queue = queue
         self.task = Task()
         self.dropped = False
+        self._unsaved: list[Delivered] = []  # results in this copy of the task, not saved yet
         if context.current_task is not None:
             self.task.CopyFrom(context.current_task)
             message = context.message
@@ -459,11 +480,32 @@ class _Recorder:
             self.task.status.CopyFrom(event.status)
         elif isinstance(event, TaskArtifactUpdateEvent):
             append_artifact_to_task(self.task, event)
-        is_closed = getattr(self.queue, "is_closed", None)
-        if is_closed is not None and is_closed():
+        if self._closed():
             self.dropped = True  # the SDK's consumer is gone: not passed on, stored at the end
             return
         await self.queue.enqueue_event(event)
+        if self._closed():  # closed meanwhile: the SDK dropped the event without a word
+            self.dropped = True
+
+    def _closed(self) -> bool:
+        is_closed = getattr(self.queue, "is_closed", None)
+        return is_closed is not None and bool(is_closed())
+
+    def handed_over(self, outcome: Delivered, stored: bool) -> None:
+        """The pipeline's word on a result put in this task (`stored`: the completed task holding
+        it went to the SDK, which stores it), or not. A task the SDK's queue dropped is saved by
+        the executor at the end (`stored`): its word waits for that save."""
+        if stored and self.dropped:
+            self._unsaved.append(outcome)
+        else:
+            outcome.handed_over(stored)
+
+    async def stored(self, saved: bool) -> None:
+        """The executor saved this copy of the task (`saved`), or could not: the word on the
+        results it holds, written before the shutting-down process goes on."""
+        waiting, self._unsaved = self._unsaved, []
+        for outcome in waiting:
+            await outcome.record_handover(saved)
 
 
 def _payer_grant(outcome: Delivered) -> dict[str, Any] | None:

@@ -67,7 +67,14 @@ from agent.edge.identity import (
 )
 from agent.edge.rpc import A2A_ENVELOPE, take_rpc
 from agent.pipeline.bazaar import HttpRoute
-from agent.pipeline.gateway import SKILL_DISABLED, CallRequest, Gateway, PaymentDemanded, Refused
+from agent.pipeline.gateway import (
+    SKILL_DISABLED,
+    SKILL_UNAVAILABLE,
+    CallRequest,
+    Gateway,
+    PaymentDemanded,
+    Refused,
+)
 
 V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
               "SubscribeToTask", "GetExtendedAgentCard", "CreateTaskPushNotificationConfig",
@@ -212,9 +219,10 @@ class A2AHttpLayer:
         if isinstance(outcome, PaymentDemanded):
             return outcome
         # payments not ready, or the client out of quotes: the HTTP answer a plain x402 client
-        # retries on (503 / 429, Retry-After); the skill switched off: 503, as on REST
+        # retries on (503 / 429, Retry-After); the skill switched off or not configured here:
+        # 503, as on REST (the catalogue's one availability rule)
         if isinstance(outcome, Refused) and (outcome.retry_after is not None
-                                             or outcome.code == SKILL_DISABLED):
+                                             or outcome.code in (SKILL_DISABLED, SKILL_UNAVAILABLE)):
             return outcome
         return None
 

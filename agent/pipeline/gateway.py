@@ -142,9 +142,9 @@ class Delivered(Outcome):
 
     A face tells the pipeline whether a paid result reached its caller (`handed_over`), once its
     answer is written: the ledger counts a result delivered only when the caller can have
-    received it; otherwise a retry of the same payment gets it (the kept result, or one free
-    run). A stream is recorded delivered only on this word; any other result when it is handed
-    to the face, undone if the face says its caller had left."""
+    received it; otherwise a retry of the same payment gets it (the kept result, or a free
+    re-run: `Gateway._redeliver`). A stream is recorded delivered only on this word; any other
+    result when it is handed to the face, undone if the face says its caller had left."""
 
     result: SkillResult
     receipt: SettleResponse | None = None
@@ -218,7 +218,9 @@ def request_digest(skill_id: str, payload: dict[str, Any] | None) -> str:
 
 
 RETRY_AFTER_SECONDS = 5  # how soon a call refused while payments are not ready may be tried again
+RESULT_UNDELIVERABLE = "result_undeliverable"  # 410: a paid result lost after every free re-run
 SKILL_DISABLED = "skill_disabled"  # 503: the operator switched the skill off (payments/controls.py)
+SKILL_UNAVAILABLE = "skill_unavailable"  # 503: the skill cannot run as configured (a key is missing)
 PAYER_DENIED = "payer_denied"  # 403: the payer is on the operator's deny list
 RATE_LIMITED = "rate_limited"  # 429: a client address or payer spent its budget (payments/rate_limits.py)
 NOTE_TRANSACTION_AFTER_SECONDS = 1.0  # a settlement slower than this writes its transaction early
@@ -687,8 +689,9 @@ class Gateway:
             return type(exc).__name__
 
     async def _redeliver(self, paid: _Paid, row: PaymentRow) -> Outcome:
-        """A settled payment asked again: its kept result, or one free run if its result has not
-        reached the payer and was not kept."""
+        """A settled payment asked again: its kept result, or a free run if its result has not
+        reached the payer and was not kept (at most `policy.free_reruns` per payment; after them,
+        a 410 saying the result could not be delivered)."""
         t = paid.t
         receipt = SettleResponse(success=True, transaction=row.tx_hash or "", network=row.network,
                                  payer=row.payer, amount=str(row.amount_atomic))
@@ -697,20 +700,41 @@ class Gateway:
             kept = await self.ledger.stored_result(row.id)
             if kept is not None and (streaming or kept.media_type != KEPT_STREAM):
                 return self._kept(paid, row, kept, receipt)
-            taken = await self.ledger.take_redelivery(row.id, lease_seconds=self.policy.lease_seconds)
+            rerun = await self.ledger.take_redelivery(
+                row.id, owner=self.policy.owner, lease_seconds=self.policy.lease_seconds,
+                max_reruns=self.policy.free_reruns)
+            if rerun is None:  # why not: the row as it is now (another retry may have moved it)
+                fresh = await self.ledger.get(row.id)
+                row = PaymentRow.of(fresh) if fresh is not None else row
         except LEDGER_ERRORS:
             return _ledger_down(t, nothing_charged=False)
-        if taken:
-            return await self._run_again(paid, row, receipt)
-        if row.delivered_at is None:  # another retry of this payment is running it again now
-            wait = max(1, math.ceil(self.policy.lease_seconds))
-            return Refused(t, 409, "payment_in_progress",
-                           "another retry of this payment is getting its result right now; retry "
-                           f"the identical request with the same payment in {wait} s",
-                           retry_after=wait)
-        return paid.demand("payment_already_used",
-                           "this payment was already used and its result delivered; sign a new "
-                           "payment to call again")
+        if rerun is not None:
+            return await self._run_again(paid, row, receipt,
+                                         last=rerun >= self.policy.free_reruns)
+        if row.delivered_at is not None:
+            return paid.demand("payment_already_used",
+                               "this payment was already used and its result delivered; sign a "
+                               "new payment to call again")
+        if row.reruns >= self.policy.free_reruns and row.lease_left(_utcnow()) <= 0:
+            return self._undeliverable(t, row, receipt)
+        wait = max(1, math.ceil(self.policy.lease_seconds))  # a re-run of it is running now
+        return Refused(t, 409, "payment_in_progress",
+                       "another retry of this payment is getting its result right now; retry "
+                       f"the identical request with the same payment in {wait} s",
+                       retry_after=wait)
+
+    def _undeliverable(self, t: Timings, row: PaymentRow, receipt: SettleResponse) -> Refused:
+        """A settled result that never reached its payer, its free re-runs spent, no copy kept
+        (too large even for a last re-run, or past its retention): said plainly, with the
+        settlement's receipt; nothing more is run or charged for the payment."""
+        runs = self.policy.free_reruns
+        return Refused(t, 410, RESULT_UNDELIVERABLE,
+                       f"the result of this payment could not be delivered after {runs + 1} "
+                       f"attempts (the paid run and {runs} free re-runs: none reached its caller) "
+                       "and no copy of it is kept; nothing more is run or charged for this "
+                       f"payment, which settled in transaction {row.tx_hash or '(unknown)'} on "
+                       f"{row.network}: give it to the operator to claim the lost call; sign a new "
+                       "payment to call again", receipt=receipt)
 
     def _kept(self, paid: _Paid, row: PaymentRow, kept: StoredResult,
               receipt: SettleResponse) -> Delivered:
@@ -723,37 +747,60 @@ class Gateway:
                              on_handover=report)
         return Delivered(paid.t, _result_of(kept), receipt, row.amount_atomic, on_handover=report)
 
-    async def _run_again(self, paid: _Paid, row: PaymentRow, receipt: SettleResponse) -> Outcome:
-        """The one free run of a settled call whose result has not reached its payer, under the
-        row's redelivery lease; a run that fails, or whose caller leaves, frees the row again."""
+    async def _run_again(self, paid: _Paid, row: PaymentRow, receipt: SettleResponse, *,
+                         last: bool) -> Outcome:
+        """A free run of a settled call whose result has not reached its payer, under the row's
+        re-run lease (renewed while it runs). Its result is kept for a retry when it fits; the
+        last re-run allowed (`last`) is not cut short by its caller leaving: it runs (a stream:
+        is read) to its end and its result is kept up to `policy.keep_limit(last_rerun=True)`, so
+        the next retry gets it. A re-run that fails before any result is not counted; one whose
+        caller leaves is."""
         t, op, payload = paid.t, paid.op, paid.payload
-        chunks: AsyncIterator[Any] | None = None
+        lease = _RerunLease(self.ledger, self.in_flight, self.policy, row.id, last=last)
         with t.stage("run"):
             try:
                 if paid.req.stream and op.streamer is not None:
-                    chunks = op.streamer(payload)
-                    handover = _StreamHandover(self.ledger, row.id, chunks, await _next(chunks),
-                                               self.policy, paid=None)
-                    return Delivered(t, SkillResult(body=None, media_type="text/event-stream"),
-                                     receipt, row.amount_atomic, stream=handover.chunks(),
-                                     on_handover=handover.report)
-                result = await op.run(payload)
-            except BaseException as exc:
-                await _to_the_end(_quietly(self.ledger.mark_undelivered(row.id)))
-                if chunks is not None:
-                    await _to_the_end(chunks.aclose())  # type: ignore[attr-defined]
-                if not isinstance(exc, Exception):
-                    raise
-                if isinstance(exc, SkillError):
-                    refused = _refusal(t, exc, before_quote=True)
-                    refused.message += "; the payment is kept: retry with the same payment"
-                    return refused
-                log.error("skill %s failed on a free re-run", paid.skill.id, exc_info=exc)
-                return Refused(t, 500, "skill_failed", f"skill '{paid.skill.id}' failed "
-                               f"({type(exc).__name__}); retry with the same payment")
-        # handed to the face: delivered, as a first result is when it settles
-        await _quietly(self.ledger.mark_delivered(row.id))
-        return Delivered(t, result, receipt, row.amount_atomic, on_handover=self._missed(row.id))
+                    return await self._stream_again(paid, row, receipt, lease)
+                if last:
+                    result = await _to_the_end(op.run(payload), on_cancel=lambda left: lease.end(
+                        result=self._keepable(left, last_rerun=True)))
+                else:
+                    result = await op.run(payload)
+            except asyncio.CancelledError:
+                if not lease.taken_over:
+                    await _to_the_end(lease.end())  # its caller left: the re-run counts
+                raise
+            except Exception as exc:
+                await _to_the_end(lease.end(failed=True))
+                return _rerun_failed(t, paid.skill.id, exc)
+        # handed to the face: delivered, as a first result is when it settles (undone if the
+        # face says its caller had left, or if the caller is cancelled while this is written)
+        outcome = Delivered(t, result, receipt, row.amount_atomic, on_handover=self._missed(row.id))
+        await _to_the_end(lease.end(delivered=True, result=self._keepable(result, last_rerun=last)),
+                          on_cancel=lambda _: _never_handed_over(outcome))
+        return outcome
+
+    async def _stream_again(self, paid: _Paid, row: PaymentRow, receipt: SettleResponse,
+                            lease: _RerunLease) -> Delivered:
+        """A re-run's stream, handed out once its first chunk is in hand. The last re-run's first
+        chunk is awaited even if its caller leaves meanwhile: the rest is then read by nobody and
+        kept (`_StreamHandover`)."""
+        assert paid.op.streamer is not None
+        chunks = paid.op.streamer(paid.payload)
+
+        def handover(first: Any) -> _StreamHandover:
+            return _StreamHandover(self.ledger, row.id, chunks, first, self.policy, rerun=lease)
+
+        try:
+            first = await (_to_the_end(_next(chunks), on_cancel=lambda first: handover(first).report(False))
+                           if lease.last else _next(chunks))
+        except BaseException:
+            if not lease.taken_over:
+                await _to_the_end(chunks.aclose())  # type: ignore[attr-defined]
+            raise
+        stream = handover(first)
+        return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), receipt,
+                         row.amount_atomic, stream=stream.chunks(), on_handover=stream.report)
 
     def _reached(self, row_id: str) -> Callable[[bool], Awaitable[None]]:
         """A handover that records the delivery when the face says the result reached its payer."""
@@ -921,11 +968,12 @@ class Gateway:
         return Delivered(t, result, receipt, paid.atomic,
                          on_handover=self._missed(row_id) if record else None)
 
-    def _keepable(self, result: SkillResult) -> StoredResult | None:
-        """The result as kept for a retry, unless it is larger than the setting allows."""
+    def _keepable(self, result: SkillResult, *, last_rerun: bool = False) -> StoredResult | None:
+        """The result as kept for a retry, unless it is larger than the setting allows (a last
+        free re-run's: `SettlementPolicy.keep_limit`)."""
         body = result.body
         raw = bytes(body) if isinstance(body, bytes | bytearray) else wire_json.dumps(body)
-        if len(raw) > self.policy.keep_result_max_bytes:
+        if len(raw) > self.policy.keep_limit(last_rerun=last_rerun):
             return None
         return StoredResult(result.status, result.media_type, raw)
 
@@ -969,24 +1017,56 @@ class _TransactionNote:
 KEPT_STREAM = "application/vnd.paywire.stream-chunks+json"
 
 
+class _RerunLease:
+    """A free re-run's hold on its settled row: the lease `take_redelivery` took is renewed
+    (InFlight) until the re-run's end is recorded, once, in one ledger write (`end`). A stream's
+    handover records it (`taken_over`)."""
+
+    def __init__(self, ledger: Ledger, in_flight: InFlight, policy: SettlementPolicy, row_id: str,
+                 *, last: bool) -> None:
+        self._ledger, self._in_flight, self._policy, self._row_id = ledger, in_flight, policy, row_id
+        self.last = last  # the last free re-run: read to its end, its result kept
+        self.taken_over = self._ended = False
+        in_flight.add(row_id)
+
+    async def end(self, *, delivered: bool = False, result: StoredResult | None = None,
+                  failed: bool = False) -> None:
+        """`delivered`: handed to a caller still there; `result`: kept for a retry; `failed`:
+        it failed before any result (not counted as a re-run)."""
+        if self._ended:
+            return
+        self._ended = True
+        self._in_flight.discard(self._row_id)
+        await _quietly(self._ledger.record_handover(
+            self._row_id, delivered=delivered, result=result, rerun_failed=failed,
+            keep_result_seconds=self._policy.keep_result_seconds))
+
+
 class _StreamHandover:
     """A settled stream on its way to the caller: passes the chunks on (the skill's usage item is
     kept back) and records once how it went out. A reader that stops part way, or never starts,
     ends it at once: the upstream is closed, usage "partial" (or "none"), not delivered. A stream
     read to its end waits for the face's word (`report`): "complete" and delivered, or
     "undelivered" (its caller was gone before the last byte), its chunks then kept for a retry
-    of the payment when they fit the keep limit (else the retry runs it again, free)."""
+    of the payment when they fit the keep limit (else the retry runs it again, free). A last free
+    re-run is read to its end whatever its reader does (`_read_rest`), and kept."""
 
     def __init__(self, ledger: Ledger, row_id: str, upstream: AsyncIterator[Any], first: Any,
-                 policy: SettlementPolicy, *, paid: Timings | None) -> None:
-        """`paid`: the paid call's timings, its usage recorded; None for a free re-run (the paid
-        run's usage stays)."""
+                 policy: SettlementPolicy, *, paid: Timings | None = None,
+                 rerun: _RerunLease | None = None) -> None:
+        """`paid`: the paid call's timings, its usage recorded; `rerun`: a free re-run's lease
+        (the paid run's usage stays), which this handover ends."""
         self._ledger, self._row_id, self._upstream, self._first = ledger, row_id, upstream, first
-        self._policy, self._paid = policy, paid
+        self._policy, self._paid, self._rerun = policy, paid, rerun
+        self._to_the_end = rerun is not None and rerun.last
+        if rerun is not None:
+            rerun.taken_over = True
+        self._keep_max = policy.keep_limit(last_rerun=self._to_the_end)
         self._usage = StreamUsage(None)
         self._kept: list[bytes] | None = []  # each chunk's JSON while they fit the keep limit
         self._kept_bytes = 2  # the array's brackets
-        self.started = self.complete = self._recorded = False
+        self._reading: asyncio.Future[Any] | None = None  # a last re-run's read in progress
+        self.started = self.complete = self._recorded = self._broken = self._draining = False
         self.sent = 0
 
     async def chunks(self) -> AsyncIterator[Any]:
@@ -1000,25 +1080,72 @@ class _StreamHandover:
                     self._keep(chunk)
                     yield chunk
                     self.sent += 1  # (a chunk counts once the reader asks for the next one)
-                chunk = await _next_or_failure(self._upstream)
+                chunk = await self._read()
             self.complete = True
+        except Exception:
+            self._broken = True  # the upstream failed part way: there is nothing more to read
+            raise
         finally:
             if not self.complete:
-                self._record(reached=False)
-                await self._upstream.aclose()  # type: ignore[attr-defined]
+                await self._stopped()
+
+    async def _read(self) -> Any:
+        if not self._to_the_end:
+            return await _next_or_failure(self._upstream)
+        # A reader that leaves does not cut this read: `_read_rest` goes on with it.
+        self._reading = asyncio.ensure_future(_next_or_failure(self._upstream))
+        chunk = await asyncio.shield(self._reading)
+        self._reading = None
+        return chunk
 
     async def report(self, reached: bool) -> None:
         """The face's word once it stopped reading (the pipeline's, for a caller that left)."""
-        if not self.complete:  # never read to its end: nothing more is wanted of the upstream
+        if not self.complete:  # never read to its end
+            await self._stopped()
+        if not self._draining:
+            self._record(reached)
+
+    async def _stopped(self) -> None:
+        """Its reader stopped before the end (or never read): a last re-run is read on by nobody;
+        any other stream is recorded (not delivered) and its upstream closed."""
+        if self._to_the_end and not self._broken:
+            if not self._draining:
+                self._draining = True
+                _detach(self._read_rest())
+            return
+        self._record(reached=False)
+        await self._upstream.aclose()  # type: ignore[attr-defined]
+
+    async def _read_rest(self) -> None:
+        """A last re-run whose reader left: the upstream read to its end, its chunks kept for the
+        next retry of the payment (reading stops once they no longer fit)."""
+        try:
+            if not self.started:
+                chunk = self._first
+            elif self._reading is not None:
+                chunk = await self._reading
+            else:
+                chunk = await _next_or_failure(self._upstream)
+            while chunk is not _END and self._kept is not None:
+                if isinstance(chunk, StreamUsage):
+                    self._usage = chunk
+                else:
+                    self._keep(chunk)
+                chunk = await _next_or_failure(self._upstream)
+            self.complete = chunk is _END
+        except Exception as exc:  # noqa: BLE001 - the upstream broke: nothing complete to keep
+            log.warning("a last free re-run's stream broke while read for its payer: %s",
+                        type(exc).__name__)
+        finally:
+            self._record(reached=False)
             await self._upstream.aclose()  # type: ignore[attr-defined]
-        self._record(reached)
 
     def _keep(self, chunk: Any) -> None:
         if self._kept is None:
             return
         raw = wire_json.dumps(chunk)
         self._kept_bytes += len(raw) + 1
-        if self._kept_bytes > self._policy.keep_result_max_bytes:
+        if self._kept_bytes > self._keep_max:
             self._kept = None  # too large to keep: a retry runs the call again instead
         else:
             self._kept.append(raw)
@@ -1033,6 +1160,9 @@ class _StreamHandover:
         kept, self._kept = self._kept, None
         result = (StoredResult(200, KEPT_STREAM, b"[" + b",".join(kept) + b"]")
                   if self.complete and not delivered and kept is not None else None)
+        if self._rerun is not None:
+            _detach(self._rerun.end(delivered=delivered, result=result))
+            return
         usage: dict[str, Any] = {}
         if self._paid is not None:
             delivery = ("complete" if delivered else "undelivered" if self.complete
@@ -1099,6 +1229,17 @@ def _verify_unavailable(t: Timings, error: str) -> Refused:
     return Refused(t, 503, "facilitator_unavailable",
                    f"payment verification is unavailable right now ({error}); retry later, "
                    "nothing was charged", retry_after=RETRY_AFTER_SECONDS)
+
+
+def _rerun_failed(t: Timings, skill_id: str, exc: Exception) -> Refused:
+    """A free re-run that failed: the caller's answer (the payment stays good for a retry)."""
+    if isinstance(exc, SkillError):
+        refused = _refusal(t, exc, before_quote=True)
+        refused.message += "; the payment is kept: retry with the same payment"
+        return refused
+    log.error("skill %s failed on a free re-run", skill_id, exc_info=exc)
+    return Refused(t, 500, "skill_failed", f"skill '{skill_id}' failed ({type(exc).__name__}); "
+                   "retry with the same payment")
 
 
 def _result_of(kept: StoredResult) -> SkillResult:
@@ -1223,7 +1364,7 @@ def _refusal(t: Timings, exc: SkillError, *, before_quote: bool = False) -> Refu
     if isinstance(exc, SkillInputError):
         return Refused(t, 400, "invalid_input", exc.message, param=exc.field)
     if isinstance(exc, SkillUnavailableError):
-        return Refused(t, 503, "skill_unavailable", str(exc))
+        return Refused(t, 503, SKILL_UNAVAILABLE, str(exc))
     if isinstance(exc, UpstreamAnswer):  # a forwarded upstream's own answer, passed on as it is
         return Refused(t, exc.upstream_status, "upstream_answer", f"{exc.message}{charged}",
                        raw=(exc.body, exc.media_type))
