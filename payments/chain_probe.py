@@ -325,17 +325,10 @@ CLOCK_SKEW_SECONDS = 120
 
 async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], lookback: int,
                          now: float) -> Verdict:
-    head = await rpc.call("eth_getBlockByNumber", ["latest", False])
-    if not isinstance(head, dict):
-        raise UnexpectedAnswer("eth_getBlockByNumber: no latest block")
-    block = _quantity(head.get("number"), "eth_getBlockByNumber number")
-    timestamp = _quantity(head.get("timestamp"), "eth_getBlockByNumber timestamp")
     # After the timestamp, and at its block: see the module's docstring.
-    if await _authorization_used(rpc, ref, block):
-        return await _find_use(rpc, ref, tx_hashes, block, lookback)
-    if timestamp >= ref.valid_before:
-        return CannotMove(f"authorization expired unused (validBefore {ref.valid_before}, "
-                          f"block {block} at {timestamp})")
+    block, timestamp, final = await _used_or_expired(rpc, ref, tx_hashes, lookback)
+    if final is not None:
+        return final
     if now >= ref.valid_before + CLOCK_SKEW_SECONDS:
         return CannotMove(f"authorization expired unused (validBefore {ref.valid_before}; the "
                           f"clock is {now - ref.valid_before:.0f} s past it, block {block} at "
@@ -415,18 +408,26 @@ async def _unused_authorization(chain_ref: Mapping[str, Any], rpc: JsonRpc,
     if not isinstance(chain_ref, Mapping) or chain_ref.get("kind") != "eip3009":
         raise InvalidChainRef("not an EIP-3009 chain_ref")
     ref = _Eip3009Ref.parse(chain_ref)
+    candidates = list(dict.fromkeys(_tx_hash(h) for h in tx_hashes))
+    block, _, final = await _used_or_expired(rpc, ref, candidates, max(0, lookback))
+    return ref, block, final
+
+
+async def _used_or_expired(rpc: JsonRpc, ref: _Eip3009Ref, tx_hashes: Sequence[str],
+                           lookback: int) -> tuple[int, int, Verdict | None]:
+    """The head block and its timestamp, and a final verdict if the authorization was used (the
+    transaction that used it) or expired unused there."""
     head = await rpc.call("eth_getBlockByNumber", ["latest", False])
     if not isinstance(head, dict):
         raise UnexpectedAnswer("eth_getBlockByNumber: no latest block")
     block = _quantity(head.get("number"), "eth_getBlockByNumber number")
     timestamp = _quantity(head.get("timestamp"), "eth_getBlockByNumber timestamp")
     if await _authorization_used(rpc, ref, block):
-        candidates = list(dict.fromkeys(_tx_hash(h) for h in tx_hashes))
-        return ref, block, await _find_use(rpc, ref, candidates, block, max(0, lookback))
+        return block, timestamp, await _find_use(rpc, ref, list(tx_hashes), block, lookback)
     if timestamp >= ref.valid_before:
-        return ref, block, CannotMove(f"authorization expired unused (validBefore "
-                                      f"{ref.valid_before}, block {block} at {timestamp})")
-    return ref, block, None
+        return block, timestamp, CannotMove(f"authorization expired unused (validBefore "
+                                            f"{ref.valid_before}, block {block} at {timestamp})")
+    return block, timestamp, None
 
 
 async def _nonce(rpc: JsonRpc, address: str, block: str) -> int:
