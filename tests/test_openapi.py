@@ -26,6 +26,7 @@ from tests.support.openai_shapes import SHAPES_FILE, render
 from tests.support.openai_upstream import silent_wav
 from tests.support.paying import EVM_NET, client_for, header, post_paid, quote, sign
 from tests.support.served_process import free_port, paywire_env, start_paywire, stop
+from wellknown.openapi import for_generators
 
 # Served but not in the document, each for a reason: the operator's and the devnet's own routes
 # (not public), the catalogue page's assets and the data its script reads (the page's implementation;
@@ -136,13 +137,33 @@ def test_every_resource_has_its_own_path_with_its_input_schema_and_example(
     for skill in resources:
         operation = document["paths"][f"/v1/marketplace/api/{skill.id}"]["post"]
         body = operation["requestBody"]["content"]["application/json"]
-        # its input schema, and what its validator enforces besides; or `{}`, the probe
-        assert body["schema"] == {"anyOf": [skill.body_schema, {"$ref": "#/components/schemas/Probe"}]}
+        # its input schema, and what its validator enforces besides (as generators read them); or `{}`,
+        # the probe
+        assert body["schema"] == {"anyOf": [for_generators(skill.body_schema),
+                                            {"$ref": "#/components/schemas/Probe"}]}
         assert operation["requestBody"]["required"] is False
         if skill.examples:
             assert body["example"] == skill.examples[0]
             assert not list(Draft202012Validator(skill.body_schema).iter_errors(body["example"])), skill.id
         assert operation["summary"] == skill.name
+
+
+def test_the_schemas_rewritten_for_generators_accept_and_refuse_the_same_bodies() -> None:
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        "messages": {"type": "array", "maxItems": 2}, "payload": {"type": ["object", "array"]},
+        "stream": {"const": False}, "anyOf": {"const": True}},  # a field may be named like a keyword
+        "allOf": [{"properties": {"messages": {"items": {"type": "string"}}}}]}
+    rewritten = for_generators(schema)
+    assert rewritten["properties"]["messages"]["items"] == {}
+    assert rewritten["properties"]["payload"]["items"] == {}
+    assert rewritten["properties"]["stream"] == {"type": "boolean", "not": {"const": True}}
+    bodies = [{}, {"messages": []}, {"messages": ["a", "b"]}, {"messages": ["a", "b", "c"]},
+              {"messages": [1]}, {"payload": [1, {}]}, {"payload": {"a": 1}}, {"payload": "x"},
+              {"stream": False}, {"stream": True}, {"stream": 0}, {"stream": None}, {"anyOf": True},
+              {"anyOf": 1}, {"other": 1}]
+    for body in bodies:
+        assert (Draft202012Validator(schema).is_valid(body)
+                == Draft202012Validator(rewritten).is_valid(body)), body
 
 
 def test_model_routes_accept_exactly_their_field_tables_fields(live: LiveServer, document: dict[str, Any]
@@ -175,7 +196,10 @@ def test_model_routes_accept_exactly_their_field_tables_fields(live: LiveServer,
     form = document["paths"]["/v1/audio/transcriptions"]["post"]["requestBody"]["content"][
         "multipart/form-data"]
     assert form["schema"]["properties"]["timestamp_granularities[]"]["items"] == {"enum": ["word", "segment"]}
-    assert form["schema"]["properties"]["stream"] == {"const": False, "description": "paywire: free"}
+    # false only, said as generators read it (openapi-python-client writes an optional boolean const as
+    # a syntax error: tests/test_doc_snippets.py generates a client)
+    assert form["schema"]["properties"]["stream"] == {"type": "boolean", "not": {"const": True},
+                                                      "description": "paywire: free"}
     assert form["encoding"]["file"]["contentType"].startswith("audio/wav")
 
 

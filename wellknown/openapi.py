@@ -204,8 +204,11 @@ def _rpc_schemas() -> dict[str, Any]:
                                                             "data": {}}, "required": ["code", "message"]}},
         "required": ["jsonrpc", "id"], "oneOf": [{"required": ["result"]}, {"required": ["error"]}],
         "not": {"required": ["method"]}}
-    return {"JsonRpcRequest": {**a2a, "required": ["jsonrpc", "id", "method"]},
-            "McpMessage": {"anyOf": [mcp, reply] if rpc.MCP_ENVELOPE.replies else [mcp]}}
+    # each kind of message its own component: openapi-python-client builds inline union branches twice
+    # (a duplicate model, and a client module importing one it never wrote)
+    kinds = {"McpRequest": mcp, **({"McpReply": reply} if rpc.MCP_ENVELOPE.replies else {})}
+    return {"JsonRpcRequest": {**a2a, "required": ["jsonrpc", "id", "method"]}, **kinds,
+            "McpMessage": {"anyOf": [_ref(kind) for kind in kinds]}}
 
 
 def _payment_required_schemas() -> dict[str, Any]:
@@ -333,6 +336,38 @@ def _probe_body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"anyOf": [schema, _ref("Probe")]}
 
 
+# JSON Schema's keywords whose values are schemas: one, a list of them, a mapping of them
+_SUBSCHEMA = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains",
+                        "propertyNames", "unevaluatedItems", "unevaluatedProperties"})
+_SUBSCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas", "$defs"})
+
+
+def for_generators(schema: Any) -> Any:
+    """A request body `schema` as client generators can read it, meaning the same: an array without
+    `items` gets `items: {}` (openapi-python-client 0.29 drops an operation whose body has one), and a
+    boolean `const` becomes a boolean that is `not` the other value (the generator writes an optional
+    boolean const's check as `!= Falseand ...`, a syntax error)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key, value in schema.items():
+        if key in _SUBSCHEMA:
+            out[key] = for_generators(value)
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [for_generators(item) for item in value]
+        elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: for_generators(item) for name, item in value.items()}
+    types = out.get("type")
+    if (types == "array" or isinstance(types, list) and "array" in types) and not (
+            {"items", "prefixItems"} & out.keys()):
+        out["items"] = {}
+    if isinstance(out.get("const"), bool) and "not" not in out:
+        value = out.pop("const")
+        out = {"type": "boolean", **out, "not": {"const": not value}}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- /v1
 
 _MODEL_OPERATIONS = {  # operation -> (operationId, summary, 200 content)
@@ -434,7 +469,7 @@ def _without_null(schema: Any) -> Any:
 
 def _model_path(gateway: Gateway, path: str, operation: str, form: bool, limit: int) -> dict[str, Any]:
     op_id, summary, content = _MODEL_OPERATIONS[operation]
-    schema = _model_body(gateway, operation, form)
+    schema = for_generators(_model_body(gateway, operation, form))
     media = "multipart/form-data" if form else "application/json"
     body: dict[str, Any] = {"schema": schema, "encoding": _encoding(schema)} if form else {
         "schema": _probe_body(schema)}
@@ -462,7 +497,7 @@ def _operation_id(skill_id: str) -> str:
 
 
 def _resource_path(gateway: Gateway, skill: Any, limit: int) -> dict[str, Any]:
-    body: dict[str, Any] = {"schema": _probe_body(skill.body_schema)}
+    body: dict[str, Any] = {"schema": _probe_body(for_generators(skill.body_schema))}
     if skill.examples:
         body["example"] = skill.examples[0]
     operation = {

@@ -104,6 +104,8 @@ def check_envelope(message: Any, envelope: Envelope) -> None:
                        rpc_id)
     if envelope.replies and "method" not in message and "id" in message and (
             "result" in message or "error" in message):
+        if "result" in message and "error" in message:  # JSON-RPC 2.0: one of them, never both
+            raise _invalid("a reply has 'result' or 'error', not both", rpc_id)
         reply = "result" if "result" in message else "error"
         if not isinstance(message[reply], dict):  # a client's answer to a server request
             raise _invalid(f"'{reply}' must be an object, got {_kind(message[reply])}", rpc_id)

@@ -3,7 +3,9 @@ examples, so a test runs the text a user copies, from the page that now holds it
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -36,9 +38,42 @@ def pip_lines(section: str) -> list[str]:
     return in_blocks + inline
 
 
+def shell_commands(block: str) -> list[str]:
+    """The commands of a bash block, as written: a command ends where its quotes close and no `\\`
+    continues it (a quoted JSON body may span lines); lines of `#` alone (the output a command shows)
+    are left out."""
+    commands: list[str] = []
+    pending: list[str] = []
+    for line in block.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending.append(line)
+        text = "\n".join(pending)
+        if not text.rstrip().endswith("\\") and _complete(text):
+            commands.append(text)
+            pending = []
+    assert not pending, f"an unfinished command in the block: {pending}"
+    return commands
+
+
+def _complete(text: str) -> bool:
+    try:
+        shlex.split(text, comments=True)
+    except ValueError:  # a quote still open
+        return False
+    return True
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's shell running the docs' lines: none of the test run's paywire
+    or Python settings, plus `extra`."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PAYWIRE_", "PYTHON", "VIRTUAL_ENV"))}
+    return {**clean, **extra}
+
+
 # The client pip lines the fresh-virtualenv tests install (tests/test_doc_snippets.py), by page and
 # section; `make` downloads their wheels into WHEELHOUSE (`python -m tests.support.docs`).
-FRESH_VENV_SECTIONS = (("docs/mcp.md", "Use it from MCP"),)
+FRESH_VENV_SECTIONS = (("docs/mcp.md", "Use it from MCP"), ("docs/discovery.md", "Find it: OpenAPI"))
 WHEELHOUSE = ROOT / ".wheelhouse"
 
 
