@@ -1,10 +1,25 @@
-# paywire: `make serve` runs the gateway, `make test` runs the tests. Each sets itself up.
+# paywire: `make serve` runs the gateway, `make test` runs the tests, `make check` the fast part of
+# them. Each sets itself up.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# `make test` runs the suite on this many pytest-xdist workers (auto: one per core; 0: in this
+# process). How the tests are shared out: tests/support/parallel.py.
+TEST_WORKERS ?= auto
+# `make check`: tests that start no process of their own (no anvil, browser, nginx or `paywire
+# serve`; PostgreSQL aside), chosen by measured time (`pytest --durations=0`): under a minute.
+CHECK_TESTS := tests/pipeline tests/test_money_and_codec.py tests/test_banner.py \
+	tests/test_key_files.py tests/test_ledger_sqlite.py tests/test_wire_json.py tests/test_signers.py \
+	tests/test_model_catalog.py tests/test_price_terms.py tests/test_replica_startup.py \
+	tests/test_a2a_chat.py tests/test_a2a_x402_versions.py tests/test_agent_card.py \
+	tests/test_settings.py tests/test_catalogue.py tests/test_payer_retries.py tests/test_hot_path.py \
+	tests/test_four_places.py tests/test_failure_paths.py tests/test_openai_upstream.py \
+	tests/test_forward_resources.py tests/test_webhook_test_payload.py tests/test_operator_views.py \
+	tests/test_upstream_unreachable.py tests/test_resource_files.py tests/test_accounting.py \
+	tests/test_admin_api.py
 
-.PHONY: serve test lint clean postgres nginx chromium
+.PHONY: serve test check lint clean postgres nginx chromium
 
 # `make serve` runs the local devnet: the optional extra paywire[devnet] (py-evm, eth-tester).
 # A production install is `pip install .`, without it. The test extra includes it.
@@ -20,6 +35,14 @@ $(VENV)/.installed: pyproject.toml
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml package.json package-lock.json
 	$(PIP) install -e '.[test]'
 	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# The wheels of the docs' client `pip install` lines: tests/test_doc_snippets.py installs them
+# offline into fresh virtualenvs (tests/support/docs.py prints the lines); refilled when a page
+# that holds one changes.
+.wheelhouse/.filled: $(VENV)/.test-installed tests/support/docs.py docs/mcp.md docs/discovery.md
+	$(PY) -m tests.support.docs | while read -r line; do \
+	  eval "$(PIP) download -d .wheelhouse $$line" || exit 1; done
 	touch $@
 
 # The tests start a throwaway PostgreSQL server (tests/support/postgres.py) from the binaries of
@@ -55,10 +78,11 @@ nginx:
 serve: $(VENV)/.installed
 	$(VENV)/bin/paywire serve
 
-test: $(VENV)/.test-installed postgres nginx chromium
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+test: lint postgres nginx chromium .wheelhouse/.filled
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+check: lint postgres
+	$(VENV)/bin/pytest $(CHECK_TESTS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .

@@ -13,17 +13,18 @@ if str(ROOT) not in sys.path:
 from tests.support.live_server import LiveDatabase, LiveServer, start_server  # noqa: E402
 from tests.support.postgres import PostgresServer, start_postgres, stop_postgres  # noqa: E402
 
-pytest_plugins = ["tests.support.model_env"]
+pytest_plugins = ["tests.support.model_env", "tests.support.parallel"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The figures tests reported (tests/support/reports.py), only when asked for: the default
     output stays dots and the summary; the figures are in test-artifacts/ either way."""
     from tests.support import reports
+    from tests.support.parallel import merged_reports
 
     if not reports.shown():
         return
-    for topic, lines in reports.reported().items():
+    for topic, lines in merged_reports().items():
         terminalreporter.section(f"{topic} (test-artifacts/{topic}.txt)")
         for line in lines:
             terminalreporter.write_line(line)

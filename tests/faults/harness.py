@@ -48,7 +48,7 @@ from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.live_server import LedgerReader
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, quote, sign
 from tests.support.reports import report
-from tests.support.served_process import PAYWIRE, ROOT, free_port, paywire_env, start_paywire, stop
+from tests.support.served_process import PAYWIRE, ROOT, paywire_env, reserved_port, start_paywire, stop
 
 RESOURCE = "/v1/marketplace/api/token-count-508"  # cheap, local, no upstream
 LEASE_SECONDS = 2.0
@@ -291,13 +291,14 @@ class RpcGate:
 
 
 class Gateway:
-    """One `paywire serve` process on a fixed loopback port (a restart takes the same port)."""
+    """One `paywire serve` process on a fixed loopback port (a restart takes the same port, kept
+    for it meanwhile: `reserved_port`)."""
 
     def __init__(self, name: str, env: dict[str, str], folder: Path) -> None:
         self.name, self.env = name, env
         self.data_dir = folder / name
         self.log_path = folder / f"{name}.log"
-        self.port = free_port()
+        self._port_holder, self.port = reserved_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[str] | None = None
         self.failpoints: str | None = None
@@ -332,14 +333,24 @@ class Gateway:
             self.stop()
         self.start(failpoints)
 
-    def wait_killed(self, timeout: float = 30) -> None:
-        """Wait for its planned failpoint to SIGKILL it (fails if it exits otherwise or not)."""
+    def wait_killed(self, paying: ClientRun) -> None:
+        """Wait for its planned failpoint to SIGKILL it while `paying` pays it. Fails if it exits
+        otherwise, or lives on once every payment was answered (the failpoint was not reached):
+        how long the payments take before it fires is the machine's speed, so no fixed timeout."""
         assert self.proc is not None
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name}'s failpoint {self.failpoints} did not fire within "
-                                 f"{timeout:.0f} s") from None
+        while True:
+            try:
+                code = self.proc.wait(timeout=0.1)  # polling the process and the clients
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if paying.finished():
+                try:
+                    code = self.proc.wait(timeout=5)  # a kill the last answer saw lands at once
+                    break
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(f"{self.name}'s failpoint {self.failpoints} did not fire: "
+                                         "every payment was answered") from None
         assert code == -signal.SIGKILL, f"{self.name} exited {code}:\n{self.log_tail()}"
 
     def kill(self) -> None:
@@ -354,6 +365,11 @@ class Gateway:
             began = time.monotonic()
             stop(self.proc)
             self._note(f"stopped in {time.monotonic() - began:.1f} s")
+
+    def close(self) -> None:
+        """Stop it for good: its port is free again."""
+        self.stop()
+        self._port_holder.close()
 
     def _note(self, line: str) -> None:
         with self.log_path.open("a") as log:
@@ -434,7 +450,7 @@ class Deployment:
 
     def close(self) -> None:
         for gateway in self.gateways:
-            gateway.stop()
+            gateway.close()
         if self._reader is not None:
             self._reader.close()
         if self.gate is not None:
@@ -478,6 +494,17 @@ class Payment:
 
     def told(self, code: str) -> bool:
         return any(a.code == code for a in self.answers)
+
+
+def cut_by_the_kill(payments: Sequence[Payment], replica: int = 0) -> Payment:
+    """The payment whose request gateway `replica` was answering when it was killed: its answer from
+    there is a broken connection, not a refused one. Paid one at a time, it is the one that reached
+    the failpoint, whichever its index (on a loaded machine an earlier payment whose claim's lease
+    ran out is finished elsewhere without reaching it)."""
+    cut = [p for p in payments
+           if any(a.replica == replica and a.status is None and a.code not in NOT_CUT for a in p.answers)]
+    assert len(cut) == 1, f"{len(cut)} requests cut by the kill of gateway {replica}: {cut}"
+    return cut[0]
 
 
 def settled_by_reconciler(deployment: Deployment, payment: Payment) -> bool:
@@ -524,6 +551,7 @@ def sign_payments(chains: Chains, url: str, networks: Sequence[str], tag: str) -
 RETRIED = frozenset({(409, "payment_in_progress"), (503, "settlement_pending"),
                      (503, "ledger_unavailable"), (503, "facilitator_unavailable")})
 TRANSPORT_BACKOFF_SECONDS = 0.1
+NOT_CUT = ("ConnectError", "client_deadline")  # answers without a request in flight
 
 
 def _code(response: httpx.Response) -> str | None:
@@ -546,8 +574,10 @@ def _transaction(response: httpx.Response) -> str:
 class ClientRun:
     """Payments being paid in the background; `wait_for` progress, `wait` for the end."""
 
-    def __init__(self, payments: list[Payment], changed: threading.Condition) -> None:
+    def __init__(self, payments: list[Payment], changed: threading.Condition,
+                 deadline: float) -> None:
         self.payments, self._changed = payments, changed
+        self.deadline = deadline  # time.monotonic() past which a payment's answer is client_deadline
         self.stop = threading.Event()
         self.futures: list[Future[None]] = []
         self.pool: ThreadPoolExecutor | None = None
@@ -563,6 +593,17 @@ class ClientRun:
                 if left <= 0:
                     raise AssertionError(f"no {what} within {timeout:.0f} s")
                 self._changed.wait(left)
+
+    def finished(self) -> bool:
+        """Has every payment its final answer?"""
+        return all(future.done() for future in self.futures)
+
+    def answer_within(self, seconds: float) -> None:
+        """The fault is over: every payment still unanswered gets its final answer within `seconds`
+        from now. A deadline counted from the start would also count how long the fault lasted,
+        e.g. a killed process's restart (2 s on an idle machine, over 10 s on a loaded one): the
+        machine's speed, not the gateway's behaviour."""
+        self.deadline = time.monotonic() + seconds
 
     def wait(self) -> None:
         """Until every payment has its final answer (or the client's deadline passed)."""
@@ -592,8 +633,7 @@ class Client:
         """Pay in the background, `concurrency` at a time; the first attempt of each goes to
         replica `first` (default: spread over the replicas by payment index)."""
         changed = threading.Condition()
-        run = ClientRun(payments, changed)
-        deadline = time.monotonic() + self.deadline_seconds
+        run = ClientRun(payments, changed, time.monotonic() + self.deadline_seconds)
         local = threading.local()
 
         def http() -> httpx.Client:
@@ -612,7 +652,7 @@ class Client:
         def pay(payment: Payment) -> None:
             replica = (payment.index if first is None else first) % len(self.urls)
             while True:
-                if run.stop.is_set() or time.monotonic() > deadline:
+                if run.stop.is_set() or time.monotonic() > run.deadline:
                     record(payment, Answer(replica, None, "client_deadline"), final=True)
                     return
                 try:
@@ -637,7 +677,7 @@ class Client:
                     record(payment, answer, final=True)
                     return
                 record(payment, answer)
-                run.stop.wait(min(answer.retry_after or 1.0, max(0.0, deadline - time.monotonic())))
+                run.stop.wait(min(answer.retry_after or 1.0, max(0.0, run.deadline - time.monotonic())))
                 replica = (replica + 1) % len(self.urls)
 
         run.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="fault-client")

@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL server for the tests: `initdb` in a temporary directory, listening on
-127.0.0.1 (a free port) and on a unix socket in that directory, trust authentication, fsync off,
-one database (`paywire_test`). Started once per session (`postgres_server` in tests/conftest.py),
-stopped at its end; each test takes `fresh_url()`, a role and schema of its own.
+127.0.0.1 (a free port, kept for it: `reserved_port`) and on a unix socket in that directory, trust
+authentication, fsync off, one database (`paywire_test`). Started once per session, so once per
+pytest-xdist worker (`postgres_server` in tests/conftest.py), stopped at its end; each test takes
+`fresh_url()`, a role and schema of its own.
 
 PostgreSQL refuses to run as root: when the tests run as root, every server command runs as the
 system user `postgres` (the Debian package creates it), else `nobody`, and the directory is handed
@@ -22,6 +23,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.served_process import reserved_port
 
 SUPERUSER = "postgres"
 DATABASE = "paywire_test"
@@ -54,12 +57,6 @@ def find_bin_dir() -> Path:
         "postgresql), or install it yourself")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _server_user() -> pwd.struct_passwd | None:
     """Who runs the server: None (this process's user) unless we are root."""
     if os.geteuid() != 0:
@@ -79,6 +76,8 @@ class PostgresServer:
     root: Path
     port: int
     user: pwd.struct_passwd | None
+    # keeps the port ours while the server is down (tests/support/served_process.reserved_port)
+    port_holder: socket.socket | None = field(default=None, repr=False)
     _roles: int = field(default=0, init=False)
 
     @property
@@ -183,14 +182,16 @@ class PostgresServer:
 
 
 def start_postgres() -> PostgresServer:
-    bin_dir, user, port = find_bin_dir(), _server_user(), _free_port()
+    bin_dir, user = find_bin_dir(), _server_user()
+    holder, port = reserved_port()  # the same port after a `halt` and `resume`, under xdist too
     # Not under pytest's basetemp: that is private to this process's user (mode 0700), and the
     # server's user must reach its directory.
     root = Path(tempfile.mkdtemp(prefix="paywire-pg-"))
-    server = PostgresServer(bin_dir, root, port, user)
+    server = PostgresServer(bin_dir, root, port, user, port_holder=holder)
     try:
         server.start()
     except BaseException:
+        holder.close()
         shutil.rmtree(root, ignore_errors=True)
         raise
     return server
@@ -200,4 +201,6 @@ def stop_postgres(server: PostgresServer) -> None:
     try:
         server.stop()
     finally:
+        if server.port_holder is not None:
+            server.port_holder.close()
         shutil.rmtree(server.root, ignore_errors=True)

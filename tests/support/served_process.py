@@ -23,6 +23,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def reserved_port() -> tuple[socket.socket, int]:
+    """A loopback port kept for a server process that binds it (and binds it again after a
+    restart): a socket bound to it with SO_REUSEADDR that never listens. While it is open, no
+    other bind to a free port and no outgoing connection takes the port, as they may with
+    `free_port` between the pick and the server's bind, or between a kill and a restart (other
+    test processes run beside, under pytest-xdist). The server binds it all the same: uvicorn,
+    socket.create_server and PostgreSQL set SO_REUSEADDR. Close it once the server is gone."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock, int(sock.getsockname()[1])
+
+
 def wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60) -> None:
     """Poll /health with a deadline until the server answers (or the process died)."""
     deadline = time.monotonic() + timeout
