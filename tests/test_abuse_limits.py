@@ -196,6 +196,9 @@ def assert_429(r: httpx.Response, setting: str) -> None:
     assert r.status_code == 429, r.text
     assert int(r.headers["Retry-After"]) >= 1
     error = r.json()["error"]
+    if "jsonrpc" in r.json():  # /a2a: a JSON-RPC server error whose data names paywire's code
+        assert error["code"] == -32000
+        error = {**error, "code": error["data"]["code"]}
     assert error["code"] == "rate_limited" and setting in error["message"]
 
 

@@ -181,6 +181,10 @@ JSON_RPC_PATHS = frozenset({"/a2a", "/mcp", "/devnet/evm", "/devnet/solana"})
 A2A_HTTP_STATUSES = frozenset({401, 402, 403, 405, 429})
 
 
+# HTTP statuses that are paywire's own state, not a fault of the request: JSON-RPC -32000
+RPC_SERVER_STATES = frozenset({402, 409, 410, 429})
+
+
 def rpc_status(path: str, status: int) -> int:
     """The HTTP status of a JSON-RPC error answered on `path` (see A2A_HTTP_STATUSES)."""
     if path.rstrip("/") == "/a2a" and status < 500 and status not in A2A_HTTP_STATUSES:
@@ -196,8 +200,9 @@ def edge_error(path: str, status: int, code: str, message: str, param: str | Non
     request's, when known), the marketplace's `success: false` on its routes, OpenAI's everywhere
     else. The one error shaper: pipeline refusals go through `render`, which uses it too."""
     if path.rstrip("/") in JSON_RPC_PATHS:
-        if rpc_code is None:
-            rpc_code = -32603 if status >= 500 else -32600
+        if rpc_code is None:  # a bug or outage; paywire's own state (payment, rate, delivery:
+            # a server-defined error whose data.code says which); else a request it cannot take
+            rpc_code = -32603 if status >= 500 else -32000 if status in RPC_SERVER_STATES else -32600
         # `data` carries paywire's stable code (and the field at fault), never the caller's text
         data: dict[str, Any] = {"code": code, "status": status} | ({"param": param} if param else {})
         return JSONResponse({"jsonrpc": "2.0", "id": rpc_id,
