@@ -40,7 +40,8 @@ $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml package.json package-
 # The wheels of the docs' client `pip install` lines: tests/test_doc_snippets.py installs them
 # offline into fresh virtualenvs (tests/support/docs.py prints the lines); refilled when a page
 # that holds one changes.
-.wheelhouse/.filled: $(VENV)/.test-installed tests/support/docs.py docs/mcp.md docs/discovery.md
+.wheelhouse/.filled: $(VENV)/.test-installed tests/support/docs.py docs/mcp.md docs/discovery.md \
+		docs/models.md
 	$(PY) -m tests.support.docs | while read -r line; do \
 	  eval "$(PIP) download -d .wheelhouse $$line" || exit 1; done
 	touch $@

@@ -10,13 +10,12 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.docs import WHEELHOUSE, doc_section, fenced, pip_lines, shell_commands, user_env
+from tests.support.docs import doc_section, fenced, fresh_venv, pip_lines, shell_commands, user_env
 from tests.support.live_server import LiveServer, start_server
 
 MCP_SECTION = doc_section("docs/mcp.md", "Use it from MCP")
@@ -33,24 +32,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     yield server
     server.stop()
 
-
-def fresh_venv(where: Path, pip_line: str) -> Path:
-    """A new virtualenv at `where` with `pip_line` (the docs' text, verbatim) installed offline
-    from the wheelhouse; its python."""
-    if not WHEELHOUSE.is_dir():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"no wheelhouse at {WHEELHOUSE}: `make test` downloads it")
-        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: run `make test` (or `make lint`) once to fill it")
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
-    python = where / "bin" / "python"
-    args = shlex.split(pip_line)
-    assert args[:2] == ["pip", "install"], pip_line
-    done = subprocess.run(
-        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args[1:],
-         "--no-index", "--find-links", str(WHEELHOUSE)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert done.returncode == 0, f"`{pip_line}` failed offline:\n{done.stderr}"
-    return python
 
 
 def test_the_mcp_snippet_pays_from_a_venv_installed_as_the_page_says(

@@ -1,7 +1,8 @@
 """docs/models.md's snippet runs as pasted: taken from the page verbatim, run as a file in a
 subprocess against a live devnet gateway whose `openai` provider is a loopback stand-in, paying on
 Base with the demo payer (the snippet's default) and on Solana (the key a user would set). What
-it imports is what the page's `pip install` line installs."""
+it imports is what the page's `pip install` line installs, in a fresh virtualenv installed by that
+line verbatim (offline, from the wheelhouse `make` fills)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.support.docs import doc_section, fenced, pip_lines
+from tests.support.docs import doc_section, fenced, fresh_venv, pip_lines
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
 
@@ -37,6 +38,7 @@ class Setup:
     gateway: LiveServer
     upstream: OpenAIUpstream
     folder: Path  # where the user runs the snippet: `.paywire` (the gateway's data) is here
+    python: Path  # a fresh virtualenv's, with the page's pip line installed
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     upstream = OpenAIUpstream("openai").start()
     gateway = start_server(folder / ".paywire", env={
         "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield Setup(gateway, upstream, folder)
+    python = fresh_venv(folder / "venv", pip_lines(models_section())[0])
+    yield Setup(gateway, upstream, folder, python)
     gateway.stop()
     upstream.stop()
 
@@ -55,7 +58,7 @@ def run_snippet(setup: Setup, **env: str) -> subprocess.CompletedProcess[str]:
     path.write_text(SNIPPET)
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("PAYWIRE_", "OPENAI_", "PYTHONWARNINGS"))}
-    return subprocess.run([sys.executable, str(path)], cwd=setup.folder, text=True,
+    return subprocess.run([str(setup.python), str(path)], cwd=setup.folder, text=True,
                           capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
                           env={**clean, "PAYWIRE_URL": setup.gateway.url, **env})
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -73,13 +75,36 @@ def user_env(**extra: str) -> dict[str, str]:
 
 # The client pip lines the fresh-virtualenv tests install (tests/test_doc_snippets.py), by page and
 # section; `make` downloads their wheels into WHEELHOUSE (`python -m tests.support.docs`).
-FRESH_VENV_SECTIONS = (("docs/mcp.md", "Use it from MCP"), ("docs/discovery.md", "Find it: OpenAPI"))
+FRESH_VENV_SECTIONS = (("docs/mcp.md", "Use it from MCP"), ("docs/discovery.md", "Find it: OpenAPI"),
+                       ("docs/models.md", "Models"))
 WHEELHOUSE = ROOT / ".wheelhouse"
 
 
 def pip_arguments(line: str) -> str:
     """What follows `pip install ` on a docs line, quoted as the docs quote it."""
     return line.removeprefix("pip install ").strip()
+
+
+
+
+def fresh_venv(where: Path, pip_line: str) -> Path:
+    """A new virtualenv at `where` with `pip_line` (the docs' text, verbatim) installed offline
+    from the wheelhouse; its python."""
+    import pytest  # (lazily: `make` runs this module to list the pip lines)
+    if not WHEELHOUSE.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no wheelhouse at {WHEELHOUSE}: `make test` downloads it")
+        pytest.skip(f"no wheelhouse at {WHEELHOUSE}: run `make test` (or `make lint`) once to fill it")
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
+    python = where / "bin" / "python"
+    args = shlex.split(pip_line)
+    assert args[:2] == ["pip", "install"], pip_line
+    done = subprocess.run(
+        [str(python), "-m", "pip", "--disable-pip-version-check", "-q", *args[1:],
+         "--no-index", "--find-links", str(WHEELHOUSE)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, f"`{pip_line}` failed offline:\n{done.stderr}"
+    return python
 
 
 if __name__ == "__main__":
