@@ -39,7 +39,7 @@ from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from payments.networks import BASE_SEPOLIA
 from tests.conftest import TEST_RESOURCES
-from tests.support.hooked_resources import Hooked
+from tests.support.hooked_resources import hooked_held
 from tests.support.identity import siwx_header
 from tests.support.live_server import CLIENT_TLS, LiveDatabase, LiveServer
 from tests.support.openai_upstream import OpenAIUpstream
@@ -234,18 +234,6 @@ def assert_private(server: LiveServer, wire: Wire, task: dict[str, Any]) -> None
 
 
 # ------------------------------------------------------------------ holds
-
-
-@contextmanager
-def hooked_held() -> Iterator[tuple[threading.Event, threading.Event]]:
-    """test-hooked waits, once running, until released: (entered, release)."""
-    entered, release = threading.Event(), threading.Event()
-    Hooked.entered, Hooked.hold = entered, release
-    try:
-        yield entered, release
-    finally:
-        release.set()
-        Hooked.entered = Hooked.hold = None
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from x402.schemas import PaymentRequired
 from agent.a2a.tasks import OwnedTaskStore
 from payments.codec import decode_base64_any
 from tests.conftest import TEST_RESOURCES
-from tests.support.hooked_resources import Hooked
+from tests.support.hooked_resources import hooked_held
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, client_for, header, sign
@@ -109,18 +109,6 @@ async def charged_once(gateway: LiveServer, skill: str, before: int, price: int)
 
 
 # ------------------------------------------------------------ clients leaving while it runs
-
-
-@contextmanager
-def hooked_held() -> Iterator[tuple[threading.Event, threading.Event]]:
-    """test-hooked waits, once running, until released: (entered, release)."""
-    entered, release = threading.Event(), threading.Event()
-    Hooked.entered, Hooked.hold = entered, release
-    try:
-        yield entered, release
-    finally:
-        release.set()
-        Hooked.entered = Hooked.hold = None
 
 
 async def test_a_marketplace_call_whose_client_left_while_it_ran_is_charged_once_on_retry(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from skills.errors import UpstreamError
@@ -71,3 +72,15 @@ async def shout(payload: dict[str, Any], context: Any) -> dict[str, Any]:
 async def variables(payload: dict[str, Any], context: Any) -> dict[str, Any]:
     """What a resource can read of the operator's environment: the named variables' values."""
     return {name: context.env(name) for name in payload.get("names", [])}
+
+
+@contextmanager
+def hooked_held() -> Iterator[tuple[threading.Event, threading.Event]]:
+    """test-hooked waits, once running, until released: (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+    Hooked.entered, Hooked.hold = entered, release
+    try:
+        yield entered, release
+    finally:
+        release.set()
+        Hooked.entered = Hooked.hold = None
