@@ -33,6 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 from openai import AsyncOpenAI
 
 from compat.openai_api import model_routes
+from tests.support.discovery_pages import all_discovered
 from tests.support.live_server import LiveServer, start_server
 from tests.support.nansen_upstream import NansenUpstream
 from wellknown.snippets import FORM_FILE_FIELDS, operation_path
@@ -187,15 +188,6 @@ async def _a2a_help(http: httpx.AsyncClient) -> dict[str, Any]:
     return next(p["data"] for a in task["artifacts"] for p in a["parts"] if "data" in p)
 
 
-async def _discovered(http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    items, offset = [], 0
-    while True:
-        page = (await http.get("/discovery/resources", params={"limit": 100, "offset": offset})).json()
-        items += page["items"]
-        offset += len(page["items"])
-        if not page["items"] or offset >= page["pagination"]["total"]:
-            return items
-
 
 async def test_every_listing_says_what_a_call_answers(gateway: Gateway, http: httpx.AsyncClient) -> None:
     details, answers = await _truth(http)
@@ -265,7 +257,7 @@ async def test_every_listing_says_what_a_call_answers(gateway: Gateway, http: ht
     assert (mcp_called["status"], mcp_called["code"]) == (503, "skill_disabled"), mcp_called
     assert f"switched off by the operator: {WHY}" in mcp_called["message"]
 
-    discovered = await _discovered(http)
+    discovered = await all_discovered(http)
     base = gateway.url
     per_skill = {i["resource"].removeprefix(base + MARKETPLACE) for i in discovered
                  if i["resource"].startswith(base + MARKETPLACE)}

@@ -13,6 +13,7 @@ import httpx
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.support.discovery_pages import all_discovered
 from tests.support.model_env import Env
 
 MARKETPLACE = "/v1/marketplace/api/"
@@ -37,15 +38,6 @@ async def _mcp_prices(base: str) -> dict[str, dict[str, Any]]:
                     return prices
 
 
-async def _discovery(http: httpx.AsyncClient) -> list[dict[str, Any]]:
-    items, offset = [], 0
-    while True:
-        page = (await http.get("/discovery/resources", params={"limit": 100, "offset": offset})).json()
-        items += page["items"]
-        offset += len(page["items"])
-        if not page["items"] or offset >= page["pagination"]["total"]:
-            return items
-
 
 async def _catalogue(http: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
     prices, page = {}, 1
@@ -62,7 +54,7 @@ async def test_every_paid_route_has_one_price_in_the_four_places_and_in_its_402(
     base = env.gateway.url
     async with httpx.AsyncClient(base_url=base, timeout=30) as http:
         openapi = (await http.get("/openapi.json")).json()
-        discovered = await _discovery(http)
+        discovered = await all_discovered(http)
         catalogue = await _catalogue(http)
         mcp = await _mcp_prices(base)
         assert len(discovered) > 10
