@@ -105,6 +105,12 @@ class PaymentRow:
     created_at: datetime
     error: str | None = None
     reruns: int = 0  # free re-runs taken for a result that did not reach its payer
+    charged_atomic: int | None = None  # what the call was charged, when less than amount_atomic
+
+    @property
+    def charged(self) -> int:
+        """What the call was charged (atomic): all of `amount_atomic` unless less was recorded."""
+        return self.amount_atomic if self.charged_atomic is None else self.charged_atomic
 
     @property
     def key(self) -> PaymentKey:
@@ -127,6 +133,7 @@ class PaymentRow:
             chain_ref=mapping["chain_ref"], owner=mapping["owner"],
             lease_until=mapping["lease_until"], delivered_at=mapping["delivered_at"],
             created_at=mapping["created_at"], error=mapping["error"], reruns=mapping["reruns"],
+            charged_atomic=mapping["charged_atomic"],
         )
 
 
@@ -172,7 +179,8 @@ _BEGIN_SETTLEMENT = (
     .where(and_(_P.c.id == bindparam("b_id"), _P.c.state == PaymentState.CLAIMED,
                 _P.c.owner == bindparam("b_owner")))
     .values(state=PaymentState.SETTLING, chain_ref=bindparam("b_chain_ref"),
-            updated_at=bindparam("b_now"), lease_until=bindparam("b_lease")))
+            updated_at=bindparam("b_now"), lease_until=bindparam("b_lease"),
+            charged_atomic=bindparam("b_charged", type_=_P.c.charged_atomic.type)))
 _SETTLED = (
     update(_P)
     .where(and_(_P.c.id == bindparam("b_id"),
@@ -183,7 +191,9 @@ _SETTLED = (
             latency_ms=func.coalesce(bindparam("b_latency", type_=_P.c.latency_ms.type),
                                      _P.c.latency_ms),
             usage=bindparam("b_usage", type_=_P.c.usage.type),
-            upstream_cost_usd=bindparam("b_cost", type_=_P.c.upstream_cost_usd.type)))
+            upstream_cost_usd=bindparam("b_cost", type_=_P.c.upstream_cost_usd.type),
+            charged_atomic=func.coalesce(_P.c.charged_atomic,
+                                         bindparam("b_charged", type_=_P.c.charged_atomic.type))))
 
 
 def _now() -> datetime:
@@ -396,15 +406,17 @@ class Ledger:
 
     async def begin_settlement(self, row_id: str, *, owner: str, chain_ref: dict[str, Any],
                                lease_seconds: float, result: StoredResult | None = None,
-                               keep_result_seconds: float = 0) -> bool:
+                               keep_result_seconds: float = 0,
+                               charged_atomic: int | None = None) -> bool:
         """The intent, written before anything is broadcast: claimed -> settling, with what
-        identifies the on-chain action and the result a retry would get. False: the claim is no
+        identifies the on-chain action, the amount about to move when it is less than the payment
+        authorized (`charged_atomic`: an upto settlement) and the result a retry would get. False: the claim is no
         longer this owner's (its lease ran out and the row was taken): nothing may be settled."""
         now = _now()
         async with self._write() as conn:
             moved = await conn.execute(_BEGIN_SETTLEMENT, {
                 "b_id": row_id, "b_owner": owner, "b_chain_ref": chain_ref, "b_now": now,
-                "b_lease": now + timedelta(seconds=lease_seconds)})
+                "b_lease": now + timedelta(seconds=lease_seconds), "b_charged": charged_atomic})
             if moved.rowcount != 1:
                 return False
             if result is not None:  # (every way out of settling without settling deletes it)
@@ -427,16 +439,17 @@ class Ledger:
     async def mark_settled(self, row_id: str, tx_hash: str | None, *, latency_ms: int | None = None,
                            usage: dict[str, Any] | None = None,
                            upstream_cost_usd: Decimal | None = None,
-                           delivered: bool = True) -> bool:
+                           delivered: bool = True, charged_atomic: int | None = None) -> bool:
         """Settled (from settling or pending), with the call's usage in the same write (one round
         trip on the hot path). `delivered`: the result was handed to the caller (a stream's is
-        recorded when it ends)."""
+        recorded when it ends). `charged_atomic`: what the call was charged when less than the
+        payment (kept if the intent already wrote one: it is set once)."""
         now = _now()
         async with self._write() as conn:
             result = await conn.execute(_SETTLED, {
                 "b_id": row_id, "b_tx": tx_hash or None, "b_now": now,
                 "b_delivered": now if delivered else None, "b_latency": latency_ms,
-                "b_usage": usage, "b_cost": upstream_cost_usd})
+                "b_usage": usage, "b_cost": upstream_cost_usd, "b_charged": charged_atomic})
             done = result.rowcount == 1
         if done:
             log.info("payment %s -> settled (%s)", row_id, tx_hash)
@@ -551,11 +564,14 @@ class Ledger:
                               latency_ms: int | None = None, usage: dict[str, Any] | None = None,
                               upstream_cost_usd: Decimal | None = None,
                               result: StoredResult | None = None,
-                              keep_result_seconds: float = 0, rerun_failed: bool = False) -> None:
+                              keep_result_seconds: float = 0, rerun_failed: bool = False,
+                              charged_atomic: int | None = None) -> None:
         """How a settled result went out, in one write: its usage (when `latency_ms` is given; a
         free re-run leaves the paid run's), `delivered` (it reached the caller), the result kept
         for a retry (a stream read to its end by nobody, a last re-run's result); a re-run's
-        lease ends (`rerun_failed`: it failed before any result, so it is not counted)."""
+        lease ends (`rerun_failed`: it failed before any result, so it is not counted).
+        `charged_atomic`: what a stream paid in full was charged once its usage is known (set
+        once: an earlier value stays)."""
         t = payments_table
         now = _now()
         values: dict[str, Any] = {"lease_until": None, "updated_at": now}
@@ -566,6 +582,8 @@ class Ledger:
             values["delivered_at"] = now
         if rerun_failed:
             values["reruns"] = t.c.reruns - 1
+        if charged_atomic is not None:
+            values["charged_atomic"] = func.coalesce(t.c.charged_atomic, charged_atomic)
         async with self._write() as conn:
             await conn.execute(update(t).where(t.c.id == row_id).values(**values))
             if result is not None:  # (an expired one may still be there: replaced)

@@ -127,6 +127,9 @@ payments_table = Table(
     # Free re-runs taken for a settled result that did not reach its payer (bounded by
     # SettlementPolicy.free_reruns: a payer whose client always leaves is not run for forever).
     Column("reruns", Integer, nullable=False, server_default=text("0")),
+    # What the call was charged when less than `amount_atomic` (upto: what settled; exact on
+    # Solana: what the payer keeps paying once the rest is refunded). NULL: all of it. Set once.
+    Column("charged_atomic", BigInteger),
     UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
     UniqueConstraint("payment_id", name="uq_payment_identifier"),
     Index("ix_payments_unfinished", "state", "lease_until"),
