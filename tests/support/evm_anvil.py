@@ -4,6 +4,9 @@ Exercises the production RPC path: the facilitator is the SDK's plain
 `FacilitatorWeb3Signer(private_key, rpc_url)` over HTTP, against a real node implementation.
 DevUSDC's runtime code goes in at the USDC address with `anvil_setCode` and its minter slot
 with `anvil_setStorageAt`; keys are generated per run and funded with `anvil_setBalance`.
+The x402 contracts are the py-evm devnet's set (payments/devnet/x402_contracts.py): paywire's
+stand-ins by `anvil_setCode`, Permit2 (when built) by a CREATE2 transaction through anvil's own
+predeployed Arachnid proxy.
 
     with run_anvil() as node:                 # loopback, free port, chain id 84532
         chain = AnvilUsdc(node, facilitator_key=..., minter_key=...)
@@ -31,6 +34,12 @@ from web3 import Web3
 from x402.mechanisms.evm.signers import FacilitatorWeb3Signer
 
 from payments.devnet.evm import EvmDevnet, load_artifact
+from payments.devnet.x402_contracts import (
+    CREATE2_DEPLOYER,
+    CREATE2_DEPLOYER_CODE,
+    PERMIT2_ADDRESS,
+    devnet_contracts,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ANVIL = ROOT / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"
@@ -153,6 +162,7 @@ class AnvilUsdc:
             self.fund_gas(address, _GAS_ETH)
         self._token = self.w3.eth.contract(address=self.USDC_ADDRESS, abi=artifact["abi"])
         self._lock = threading.Lock()
+        self._install_x402_contracts()
 
     def facilitator_signer(self) -> FacilitatorWeb3Signer:
         """The SDK's production signer, over HTTP to anvil."""
@@ -174,21 +184,44 @@ class AnvilUsdc:
         call = self._token.functions.transfer(to_checksum_address(to), amount)
         return self._send(account, call)
 
+    def _install_x402_contracts(self) -> None:
+        """The devnet's contract set, checked against its artifacts once installed."""
+        contracts = devnet_contracts()
+        for address, code in contracts.preset_code().items():
+            self.node.rpc("anvil_setCode", [address, "0x" + code.hex()])
+        # Once per node: a second AnvilUsdc on it finds Permit2 there (CREATE2 would revert).
+        if contracts.permit2 is not None and not self.w3.eth.get_code(PERMIT2_ADDRESS):
+            proxy = bytes(self.w3.eth.get_code(CREATE2_DEPLOYER))
+            if proxy != CREATE2_DEPLOYER_CODE:
+                raise RuntimeError(f"anvil has no Arachnid CREATE2 proxy at {CREATE2_DEPLOYER}")
+            deployer: LocalAccount = Account.create()
+            self.fund_gas(deployer.address, 10**18)
+            self._send_fields(deployer, contracts.permit2.deploy_transaction())
+        contracts.check_installed(lambda address: bytes(self.w3.eth.get_code(address)))
+
     def _send(self, account: LocalAccount, call: Any) -> str:
         with self._lock:
-            tx = call.build_transaction(
-                {
-                    "from": account.address,
-                    "nonce": self.w3.eth.get_transaction_count(account.address, "pending"),
-                    "chainId": self.CHAIN_ID,
-                }
-            )
-            signed = account.sign_transaction(tx)
-            tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
-            receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)
-            if receipt["status"] != 1:
-                raise RuntimeError(f"anvil transaction {tx_hash.to_0x_hex()} reverted")
-            return tx_hash.to_0x_hex()
+            return self._broadcast(account, call.build_transaction(self._sender(account)))
+
+    def _send_fields(self, account: LocalAccount, fields: dict[str, Any]) -> str:
+        """A transaction of the given fields (to, data, gas, value) from `account`."""
+        with self._lock:
+            return self._broadcast(account, {**fields, **self._sender(account), **self._fees()})
+
+    def _sender(self, account: LocalAccount) -> dict[str, Any]:
+        nonce = self.w3.eth.get_transaction_count(account.address, "pending")
+        return {"from": account.address, "nonce": nonce, "chainId": self.CHAIN_ID}
+
+    def _broadcast(self, account: LocalAccount, tx: dict[str, Any]) -> str:
+        tx_hash = self.w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
+        receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)
+        if receipt["status"] != 1:
+            raise RuntimeError(f"anvil transaction {tx_hash.to_0x_hex()} reverted")
+        return tx_hash.to_0x_hex()
+
+    def _fees(self) -> dict[str, int]:
+        base_fee = int(self.w3.eth.get_block("latest")["baseFeePerGas"])
+        return {"maxFeePerGas": 2 * base_fee + 10**6, "maxPriorityFeePerGas": 10**6}
 
 
 @pytest.fixture(scope="module")

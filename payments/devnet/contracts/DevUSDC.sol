@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
-pragma solidity ^0.8.20;
+pragma solidity ^0.8.28;
+
+import {SignatureCheck} from "./SignatureCheck.sol";
 
 /// @title DevUSDC: paywire's devnet stand-in for Circle's FiatTokenV2_2 (USDC).
-/// @notice ERC-20 + EIP-3009 with the same EIP-712 domain shape, function signatures and revert
-/// strings as FiatTokenV2_2, so the x402 SDK verifies, settles and classifies failures exactly as
+/// @notice ERC-20 + EIP-3009 + EIP-2612 with the same EIP-712 domain shape, function signatures and
+/// revert strings as FiatTokenV2_2, so the x402 SDK verifies, settles and classifies failures exactly as
 /// on Base Sepolia. No pausing, blacklisting, proxy or fees: this is a test token.
 /// @dev No immutables and no constructor-written state other than `minter`: a chain can install the
 /// runtime code at any address (genesis alloc, anvil_setCode) and write storage slot 0 itself.
@@ -13,12 +15,14 @@ pragma solidity ^0.8.20;
 ///   slot 2  balanceOf       (mapping address => uint256)
 ///   slot 3  allowance       (mapping address => mapping address => uint256)
 ///   slot 4  authorization states (mapping address => mapping bytes32 => bool)
+///   slot 5  EIP-2612 permit nonces (mapping address => uint256)
 contract DevUSDC {
     address public minter;
     uint256 public totalSupply;
     mapping(address => uint256) public balanceOf;
     mapping(address => mapping(address => uint256)) public allowance;
     mapping(address => mapping(bytes32 => bool)) private _authorizationStates;
+    mapping(address => uint256) private _permitNonces;
 
     bytes32 private constant _DOMAIN_TYPEHASH = keccak256(
         "EIP712Domain(string name,string version,uint256 chainId,address verifyingContract)"
@@ -31,10 +35,9 @@ contract DevUSDC {
     );
     bytes32 public constant CANCEL_AUTHORIZATION_TYPEHASH =
         keccak256("CancelAuthorization(address authorizer,bytes32 nonce)");
-    // secp256k1n / 2: signatures with a higher s are malleable copies (EIP-2).
-    uint256 private constant _HALF_N =
-        0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0;
-    bytes4 private constant _ERC1271_MAGIC = 0x1626ba7e;
+    bytes32 public constant PERMIT_TYPEHASH = keccak256(
+        "Permit(address owner,address spender,uint256 value,uint256 nonce,uint256 deadline)"
+    );
 
     event Transfer(address indexed from, address indexed to, uint256 value);
     event Approval(address indexed owner, address indexed spender, uint256 value);
@@ -82,9 +85,7 @@ contract DevUSDC {
     }
 
     function approve(address spender, uint256 value) external returns (bool) {
-        require(spender != address(0), "ERC20: approve to the zero address");
-        allowance[msg.sender][spender] = value;
-        emit Approval(msg.sender, spender, value);
+        _approve(msg.sender, spender, value);
         return true;
     }
 
@@ -209,7 +210,54 @@ contract DevUSDC {
         emit AuthorizationCanceled(authorizer, nonce);
     }
 
+    // ---- EIP-2612 (the gasless approval of Permit2 x402's eip2612GasSponsoring signs) ----
+
+    function nonces(address owner) external view returns (uint256) {
+        return _permitNonces[owner];
+    }
+
+    function permit(
+        address owner,
+        address spender,
+        uint256 value,
+        uint256 deadline,
+        uint8 v,
+        bytes32 r,
+        bytes32 s
+    ) external {
+        permit(owner, spender, value, deadline, abi.encodePacked(r, s, v));
+    }
+
+    /// @notice The `bytes signature` overload (FiatTokenV2_2) also accepts EIP-1271 wallets.
+    function permit(
+        address owner,
+        address spender,
+        uint256 value,
+        uint256 deadline,
+        bytes memory signature
+    ) public {
+        require(
+            deadline == type(uint256).max || deadline >= block.timestamp,
+            "FiatTokenV2: permit is expired"
+        );
+        bytes32 structHash = keccak256(
+            abi.encode(PERMIT_TYPEHASH, owner, spender, value, _permitNonces[owner]++, deadline)
+        );
+        require(
+            SignatureCheck.isValidNow(owner, _typedDataHash(structHash), signature),
+            "EIP2612: invalid signature"
+        );
+        _approve(owner, spender, value);
+    }
+
     // ---- internals (same checks, order and messages as FiatTokenV2_2) ----
+
+    function _approve(address owner, address spender, uint256 value) private {
+        require(owner != address(0), "ERC20: approve from the zero address");
+        require(spender != address(0), "ERC20: approve to the zero address");
+        allowance[owner][spender] = value;
+        emit Approval(owner, spender, value);
+    }
 
     function _transfer(address from, address to, uint256 value) private {
         require(from != address(0), "ERC20: transfer from the zero address");
@@ -247,38 +295,13 @@ contract DevUSDC {
         private
         view
     {
-        bytes32 digest = keccak256(abi.encodePacked("\x19\x01", DOMAIN_SEPARATOR(), structHash));
-        require(_isValidSignatureNow(signer, digest, signature), "FiatTokenV2: invalid signature");
+        require(
+            SignatureCheck.isValidNow(signer, _typedDataHash(structHash), signature),
+            "FiatTokenV2: invalid signature"
+        );
     }
 
-    /// @dev EOA: ECDSA recover with EIP-2 checks. Contract: EIP-1271 isValidSignature.
-    function _isValidSignatureNow(address signer, bytes32 digest, bytes memory signature)
-        private
-        view
-        returns (bool)
-    {
-        if (signer.code.length > 0) {
-            (bool ok, bytes memory result) = signer.staticcall(
-                abi.encodeWithSelector(_ERC1271_MAGIC, digest, signature)
-            );
-            return ok && result.length >= 32
-                && abi.decode(result, (bytes32)) == bytes32(_ERC1271_MAGIC);
-        }
-        if (signature.length != 65) {
-            return false;
-        }
-        bytes32 r;
-        bytes32 s;
-        uint8 v;
-        assembly {
-            r := mload(add(signature, 0x20))
-            s := mload(add(signature, 0x40))
-            v := byte(0, mload(add(signature, 0x60)))
-        }
-        if (uint256(s) > _HALF_N || (v != 27 && v != 28)) {
-            return false;
-        }
-        address recovered = ecrecover(digest, v, r, s);
-        return recovered != address(0) && recovered == signer;
+    function _typedDataHash(bytes32 structHash) private view returns (bytes32) {
+        return keccak256(abi.encodePacked("\x19\x01", DOMAIN_SEPARATOR(), structHash));
     }
 }
