@@ -25,15 +25,19 @@ class SkillResult:
     media_type: str = "application/json"
     usage: dict[str, Any] | None = None
     upstream_cost_usd: Decimal | None = None
+    # What this call used, at its sale price (unrounded, never above the quote); None: the quoted
+    # price (a fixed price, or a quote that is exact).
+    charge_usd: Decimal | None = None
 
 
 @dataclass(frozen=True)
 class StreamUsage:
-    """A streamer's last item: usage and upstream cost for the ledger. The pipeline keeps it; the
-    caller never sees it."""
+    """A streamer's last item: usage and upstream cost for the ledger, and what the stream used at
+    its sale price (as SkillResult.charge_usd). The pipeline keeps it; the caller never sees it."""
 
     usage: dict[str, Any] | None
     upstream_cost_usd: Decimal | None = None
+    charge_usd: Decimal | None = None
 
 
 Runner = Callable[[Payload], Awaitable[SkillResult]]

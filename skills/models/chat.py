@@ -7,11 +7,15 @@ route's minimum it is the minimum, above its maximum the request is refused with
 under. The upstream body is built from CHAT_FIELDS only and carries exactly the paid cap, in the
 caller's field or (none named) in the field the serving upstream takes (its provider's `cap_field`);
 fields the upstream would bill beyond that are refused. Identical requests get identical quotes.
+
+A call is charged what it used, never more than its quote (token_quotes.token_charge): the answer's
+usage report, or the quoted input and the delivered text counted. A stream is a MeteredStream: its
+last item says what it used, and `used()` says it at any point (a caller that left part way).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from decimal import Decimal
 from typing import Any
 
@@ -46,9 +50,13 @@ from .token_quotes import (
     TOKEN_RULE,
     Input,
     OutputBudget,
+    OutputText,
+    TokenQuote,
     budget_schema,
     json_tokens,
     output_budget,
+    quote_of,
+    token_charge,
     token_cost,
     token_quote,
     usage_record,
@@ -189,16 +197,55 @@ def chat_inputs(body: dict[str, Any], spec: ModelSpec) -> list[Input]:
     return parts
 
 
+def chat_quote_parts(body: dict[str, Any], spec: ModelSpec) -> tuple[list[Input], OutputBudget]:
+    """What a chat quote counts: the inputs and the paid output."""
+    return chat_inputs(body, spec), output_budget(body, spec, inner=REASONING_BUDGETS)
+
+
 def chat_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
-    return token_quote(spec, chat_inputs(body, spec), output_budget(body, spec, inner=REASONING_BUDGETS))
+    return token_quote(spec, *chat_quote_parts(body, spec))
 
 
-def chat_upstream_parts(body: dict[str, Any], spec: ModelSpec) -> tuple[dict[str, Any], OutputBudget]:
+def chat_upstream_parts(body: dict[str, Any], spec: ModelSpec
+                        ) -> tuple[dict[str, Any], OutputBudget, TokenQuote]:
     """What an upstream gets: CHAT_FIELDS' fields only (the first item, the same for every upstream),
     with exactly the paid output budget, whose fields may differ per upstream: the cap in the
     caller's field, or, when it named none, in the one that upstream takes
-    (`budget.upstream(target.cap_field)`)."""
-    return CHAT_FIELDS.forward(body), output_budget(body, spec, inner=REASONING_BUDGETS)
+    (`budget.upstream(target.cap_field)`); and the call's quote, which caps its charge."""
+    inputs, budget = chat_quote_parts(body, spec)
+    return CHAT_FIELDS.forward(body), budget, quote_of(spec, inputs, budget)
+
+
+def add_message_text(text: OutputText, choice: Any, message: Any) -> None:
+    """A chat choice's generated text, from its `message` (an answer) or `delta` (a stream chunk):
+    content, refusal, reasoning (OpenRouter's `reasoning`, vLLM's and DeepSeek's
+    `reasoning_content`), each tool call's name and arguments, a legacy function_call's."""
+    if not isinstance(message, dict):
+        return
+    for key in ("content", "refusal", "reasoning", "reasoning_content"):
+        text.add((choice, key), message.get(key))
+    calls = message.get("tool_calls")
+    for i, call in enumerate(calls if isinstance(calls, list) else ()):
+        if isinstance(call, dict):
+            where = call.get("index", i)  # (a stream's tool-call deltas name their call's index)
+            _add_function(text, (choice, "tool", where if isinstance(where, Hashable) else i),
+                          call.get("function"))
+    _add_function(text, (choice, "function_call"), message.get("function_call"))
+
+
+def _add_function(text: OutputText, part: tuple[Any, ...], function: Any) -> None:
+    if isinstance(function, dict):
+        text.add((*part, "name"), function.get("name"))
+        text.add((*part, "arguments"), function.get("arguments"))
+
+
+def answer_text(answer: dict[str, Any]) -> OutputText:
+    """The text of a chat answer's choices."""
+    text = OutputText()
+    for i, choice in enumerate(answer.get("choices") or ()):
+        if isinstance(choice, dict):
+            add_message_text(text, choice.get("index", i), choice.get("message"))
+    return text
 
 
 def make_chat_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
@@ -211,7 +258,7 @@ def make_chat_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> 
         return chat_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
-        common, budget = chat_upstream_parts(body, spec)
+        common, budget, quote = chat_upstream_parts(body, spec)
         common.pop("stream_options", None)  # (only allowed with a stream)
         common["stream"] = False
         answer, target, _ = await client.request(targets, "/chat/completions",
@@ -221,45 +268,85 @@ def make_chat_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> 
             raise UpstreamError("the model provider answered without choices")
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        return SkillResult(body=answer, usage=usage_record(usage, target),
-                           upstream_cost_usd=token_cost(usage, spec))
+        charge = token_charge(spec, quote, usage, lambda: answer_text(answer).tokens(spec.id))
+        return SkillResult(body=answer, usage=usage_record(usage, target, charge),
+                           upstream_cost_usd=token_cost(usage, spec), charge_usd=charge.usd)
 
-    def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
-        common, budget = chat_upstream_parts(body, spec)
-        return metered_stream(client, targets, "/chat/completions", common, spec,
-                              per_upstream=lambda t: budget.upstream(t.cap_field))
+    def stream(body: dict[str, Any]) -> MeteredStream:
+        common, budget, quote = chat_upstream_parts(body, spec)
+        return MeteredStream(client, targets, "/chat/completions", common, spec, quote,
+                             per_upstream=lambda t: budget.upstream(t.cap_field))
 
     return Operation("chat.completions", run, price, validate, stream,
                      price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE,
                      request_schema=budget_schema(spec, REASONING_BUDGETS))
 
 
-async def metered_stream(client: Upstream, targets: Targets, path: str,
-                         upstream: dict[str, Any], spec: ModelSpec, *,
-                         per_upstream: Callable[[Target], dict[str, Any]] | None = None
-                         ) -> AsyncIterator[Any]:
-    """An OpenAI token stream passed through chunk by chunk; `upstream` is the route's upstream body
-    (paid cap included, or given per upstream by `per_upstream`). The upstream is always asked for
-    its usage report (the ledger wants it); the caller sees that report only if it asked for it. The
-    last item is a StreamUsage for the pipeline."""
-    given = upstream.get("stream_options")
-    options: dict[str, Any] = given if isinstance(given, dict) else {}
-    wants_usage = options.get("include_usage") is True
-    base = {**upstream, "stream": True, "stream_options": {**options, "include_usage": True}}
-    upstream_body: JsonBody = base if per_upstream is None else (
-        lambda target: {**base, **per_upstream(target)})
-    served: list[Target] = []
-    usage: dict[str, Any] | None = None
-    async for event in client.stream(targets, path, upstream_body, on_start=served.append):
-        if "model" in event:
-            event["model"] = spec.id
-        if "usage" in event:
-            if isinstance(event["usage"], dict):
-                usage = event["usage"]
-            if not wants_usage:
-                if not event.get("choices"):
-                    continue  # the usage-only last chunk the caller did not ask for
-                event = {k: v for k, v in event.items() if k != "usage"}
-        yield event
-    if served:
-        yield StreamUsage(usage_record(usage, served[0]), token_cost(usage, spec))
+def _chat_chunk_text(text: OutputText, event: dict[str, Any]) -> None:
+    for i, choice in enumerate(event.get("choices") or ()):
+        if isinstance(choice, dict):
+            add_message_text(text, choice.get("index", i), choice.get("delta"))
+
+
+ChunkText = Callable[[OutputText, dict[str, Any]], None]  # what a stream's chunk delivered
+Echoed = Callable[[Hashable], str]  # a delivered part's prefix that is not output (an echo)
+
+
+class MeteredStream:
+    """An OpenAI token stream passed through chunk by chunk, metered on the way; `upstream` is the
+    route's upstream body (paid cap included, or given per upstream by `per_upstream`). The upstream
+    is always asked for its usage report (the charge and the ledger want it); the caller sees that
+    report only if it asked for it. The last item is a StreamUsage for the pipeline. `used()` is
+    what was used up to now, at any point: a stream closed part way (its caller left) or broken
+    off is charged for the chunks it passed on, counted, as the upstream's report never came."""
+
+    def __init__(self, client: Upstream, targets: Targets, path: str, upstream: dict[str, Any],
+                 spec: ModelSpec, quote: TokenQuote, *,
+                 per_upstream: Callable[[Target], dict[str, Any]] | None = None,
+                 chunk_text: ChunkText = _chat_chunk_text, echoed: Echoed | None = None) -> None:
+        self._spec, self._quote, self._chunk_text, self._echoed = spec, quote, chunk_text, echoed
+        self._served: list[Target] = []
+        self._usage: dict[str, Any] | None = None
+        self._text = OutputText()
+        self._events = self._metered(client, targets, path, upstream, per_upstream)
+
+    def __aiter__(self) -> MeteredStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        """Cut the stream (the upstream call with it); `used()` stays readable."""
+        await self._events.aclose()
+
+    def used(self) -> StreamUsage:
+        """What the stream used so far: the upstream's usage report, or (none came) the quoted input
+        and the text passed on, counted; priced, and capped at the quote."""
+        charge = token_charge(self._spec, self._quote, self._usage,
+                              lambda: self._text.tokens(self._spec.id, self._echoed))
+        record = usage_record(self._usage, self._served[0], charge) if self._served else None
+        return StreamUsage(record, token_cost(self._usage, self._spec), charge_usd=charge.usd)
+
+    async def _metered(self, client: Upstream, targets: Targets, path: str, upstream: dict[str, Any],
+                       per_upstream: Callable[[Target], dict[str, Any]] | None) -> AsyncIterator[Any]:
+        given = upstream.get("stream_options")
+        options: dict[str, Any] = given if isinstance(given, dict) else {}
+        wants_usage = options.get("include_usage") is True
+        base = {**upstream, "stream": True, "stream_options": {**options, "include_usage": True}}
+        upstream_body: JsonBody = base if per_upstream is None else (
+            lambda target: {**base, **per_upstream(target)})
+        async for event in client.stream(targets, path, upstream_body, on_start=self._served.append):
+            if "model" in event:
+                event["model"] = self._spec.id
+            self._chunk_text(self._text, event)
+            if "usage" in event:
+                if isinstance(event["usage"], dict):
+                    self._usage = event["usage"]
+                if not wants_usage:
+                    if not event.get("choices"):
+                        continue  # the usage-only last chunk the caller did not ask for
+                    event = {k: v for k, v in event.items() if k != "usage"}
+            yield event
+        if self._served:
+            yield self.used()

@@ -21,6 +21,13 @@ fidelity, which adds 4,096-6,144 tokens per input image); any other field is ref
 the upstream gets the table's fields only.
 
 Uploads reach the operations as `UploadedFile` values inside the payload (skills/uploads.py says why).
+
+A call is charged its quote (`SkillResult.charge_usd` None) where the quote is exact: speech (the
+characters), transcriptions (the file's duration), sound of a given length or priced per call. Where
+the cost depends on what was produced it is charged that, never more than its quote: images (those
+delivered; a size or quality left "auto", quoted at the dearest, at what GPT Image reports it picked;
+the input tokens it reports), and sound whose length the provider picked on a model priced per second
+only (quoted at the longest, charged the seconds read from the audio).
 """
 
 from __future__ import annotations
@@ -282,6 +289,18 @@ def image_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
                                                       input_image_tokens(body, spec))
 
 
+def generation_charge(body: dict[str, Any], spec: ModelSpec, seconds: Decimal | None) -> Decimal | None:
+    """What a sound generation used, when that is not its quote: the provider picked the length on a
+    model priced per second only (quoted at the longest it may pick), so the `seconds` produced x the
+    price per second, within the route's minimum and the quote. None: the quote is exact, or the
+    audio's length could not be read."""
+    prices = spec.prices
+    if body.get("duration_seconds") is not None or prices.per_call is not None \
+            or prices.per_second is None or seconds is None:
+        return None
+    return min(max(seconds * prices.per_second, GENERATION_USD[0]), generation_price(body, spec))
+
+
 def cheapest_image(spec: ModelSpec) -> Decimal | None:
     """The least an image call costs (one image of the cheapest size and quality); no fixed maximum."""
     return min(spec.prices.per_image.values(), default=None)
@@ -510,11 +529,13 @@ def make_generation_operation(spec: ModelSpec, targets: Targets, client: Upstrea
         if not audio or not content_type.startswith("audio/"):
             raise UpstreamError("the sound provider answered without audio")
         seconds = audio_duration(audio)
+        charge = generation_charge(body, spec, seconds)
         return SkillResult(
             body=audio, media_type=content_type.split(";")[0].strip() or MEDIA_TYPE,
             usage=_usage(target, {"duration_seconds": body.get("duration_seconds"), "bytes": len(audio),
                                   "audio_seconds": None if seconds is None else float(round(seconds, 3))}),
-            upstream_cost_usd=spec.upstream_cost(generation_price(body, spec)))
+            upstream_cost_usd=spec.upstream_cost(generation_price(body, spec) if charge is None else charge),
+            charge_usd=charge)
 
     return Operation("audio.generations", run, price, validate, price_floor_usd=GENERATION_USD[0],
                      price_cap_usd=GENERATION_USD[1], price_rule=GENERATION_RULE)
@@ -525,14 +546,29 @@ def _image_result(raw: bytes, target: Target, body: dict[str, Any], spec: ModelS
     images = answer["data"]
     if not isinstance(images, list):
         raise UpstreamError("the model provider answered without images")
-    one = spec.prices.image_price(body.get("size"), body.get("quality")) or Decimal(0)
     facts = {"images": len(images), "size": body.get("size"), "quality": body.get("quality")}
     # the input tokens as the upstream reports them (GPT Image), else as quoted
     reported = _reported_input(answer.get("usage"))
     text_tokens, image_tokens_in = reported or (prompt_tokens(body, spec), input_image_tokens(body, spec))
+    used = _produced_image_price(answer, body, spec) * len(images) \
+        + _input_usd(spec, text_tokens, image_tokens_in)
     return SkillResult(body=answer, usage=_usage(target, facts, answer.get("usage")),
-                       upstream_cost_usd=spec.upstream_cost(one * len(images)
-                                                            + _input_usd(spec, text_tokens, image_tokens_in)))
+                       upstream_cost_usd=spec.upstream_cost(used),
+                       charge_usd=min(used, image_price(body, spec)))
+
+
+def _produced_image_price(answer: dict[str, Any], body: dict[str, Any], spec: ModelSpec) -> Decimal:
+    """The price of one image as produced: a size or quality the request left to the upstream ("auto",
+    or none and no default: quoted at the dearest) at what the answer reports it picked (GPT Image
+    does); the rest as asked. As asked when the table has no price for what was reported."""
+    def picked(name: str) -> Any:
+        left_to_upstream = (body.get(name) or spec.prices.image_defaults.get(name) or "auto") == "auto"
+        reported = answer.get(name)
+        return reported if left_to_upstream and isinstance(reported, str) else body.get(name)
+
+    asked = spec.prices.image_price(body.get("size"), body.get("quality")) or Decimal(0)
+    produced = spec.prices.image_price(picked("size"), picked("quality"))
+    return asked if produced is None else produced
 
 
 def _reported_input(usage: Any) -> tuple[int, int] | None:

@@ -7,20 +7,22 @@ prompt is plain text (no chat framing), every prompt of a batch is counted and s
 one gets; `n`/`best_of` and each prompt of an array get their own completions, so the cap is multiplied
 by them; embeddings have no output. Each route's upstream body is built from its field table (what it
 accepts, request_fields.py) with exactly the paid cap; anything else is refused, naming the field.
+Each call is charged what it used, never more than its quote (token_quotes.token_charge).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable, Hashable
 from decimal import Decimal
 from typing import Any
 
 from ..described import NOT_BLANK
 from ..errors import SkillInputError, UpstreamError
+from ..json_numbers import whole
 from ..skill import Operation, SkillResult
 from ..tokens import estimate_messages, estimate_tokens
-from .chat import metered_stream
+from .chat import MeteredStream, add_message_text
 from .request_fields import (
     BUDGET,
     FREE,
@@ -45,8 +47,13 @@ from .token_quotes import (
     SAMPLING,
     TOKEN_RULE,
     Input,
+    OutputBudget,
+    OutputText,
+    TokenQuote,
     budget_schema,
     output_budget,
+    quote_of,
+    token_charge,
     token_cost,
     token_quote,
     usage_record,
@@ -160,7 +167,9 @@ def _prompts(body: dict[str, Any]) -> list[str]:
     return [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
 
 
-def completions_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
+def completions_quote_parts(body: dict[str, Any], spec: ModelSpec) -> tuple[list[Input], OutputBudget]:
+    """What the quote counts: every prompt, the suffix once per prompt; every prompt gets max(n,
+    best_of) completions generated upstream, each up to the cap."""
     prompts = _prompts(body)
     suffix = body.get("suffix") if isinstance(body.get("suffix"), str) else ""
     inputs = [Input("prompt", sum(estimate_tokens(p, spec.id).tokens for p in prompts),
@@ -168,12 +177,36 @@ def completions_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
     if suffix:
         inputs.append(Input("suffix", estimate_tokens(suffix, spec.id).tokens * max(1, len(prompts)),
                             "shorten the suffix"))
-    # every prompt gets max(n, best_of) completions generated upstream, each up to the cap
-    return token_quote(spec, inputs, output_budget(body, spec, prompts=len(prompts)))
+    return inputs, output_budget(body, spec, prompts=len(prompts))
+
+
+def completions_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
+    return token_quote(spec, *completions_quote_parts(body, spec))
 
 
 def completions_upstream_body(body: dict[str, Any], spec: ModelSpec) -> dict[str, Any]:
     return {**COMPLETIONS_FIELDS.forward(body), **output_budget(body, spec).forward}
+
+
+def _completion_chunk_text(text: OutputText, event: dict[str, Any]) -> None:
+    """A legacy completion's (or stream chunk's) generated text, choice by choice."""
+    for i, choice in enumerate(event.get("choices") or ()):
+        if isinstance(choice, dict):
+            text.add(choice.get("index", i), choice.get("text"))
+
+
+def _echoed(body: dict[str, Any]) -> Callable[[Hashable], str] | None:
+    """With `echo`, each choice's text starts with its prompt (choice index = prompt index x n +
+    sample): not output, so not counted as output."""
+    if body.get("echo") is not True:
+        return None
+    prompts, n = _prompts(body), whole(body.get("n") or 1)
+
+    def prompt_of(choice: Hashable) -> str:
+        at = choice // n if isinstance(choice, int) else len(prompts)
+        return prompts[at] if 0 <= at < len(prompts) else ""
+
+    return prompt_of
 
 
 def make_completions_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
@@ -185,7 +218,11 @@ def make_completions_operation(spec: ModelSpec, targets: Targets, client: Upstre
     def price(body: dict[str, Any]) -> Decimal:
         return completions_price(body, spec)
 
+    def quote(body: dict[str, Any]) -> TokenQuote:
+        return quote_of(spec, *completions_quote_parts(body, spec))
+
     async def run(body: dict[str, Any]) -> SkillResult:
+        quoted = quote(body)
         upstream_body = completions_upstream_body(body, spec)
         upstream_body.pop("stream_options", None)  # (only allowed with a stream)
         upstream_body["stream"] = False
@@ -193,11 +230,19 @@ def make_completions_operation(spec: ModelSpec, targets: Targets, client: Upstre
         _choices_of(answer)
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        return SkillResult(body=answer, usage=usage_record(usage, target),
-                           upstream_cost_usd=token_cost(usage, spec))
 
-    def stream(body: dict[str, Any]) -> AsyncIterator[Any]:
-        return metered_stream(client, targets, "/completions", completions_upstream_body(body, spec), spec)
+        def delivered() -> int:
+            text = OutputText()
+            _completion_chunk_text(text, answer)
+            return text.tokens(spec.id, _echoed(body))
+
+        charge = token_charge(spec, quoted, usage, delivered)
+        return SkillResult(body=answer, usage=usage_record(usage, target, charge),
+                           upstream_cost_usd=token_cost(usage, spec), charge_usd=charge.usd)
+
+    def stream(body: dict[str, Any]) -> MeteredStream:
+        return MeteredStream(client, targets, "/completions", completions_upstream_body(body, spec), spec,
+                             quote(body), chunk_text=_completion_chunk_text, echoed=_echoed(body))
 
     return Operation("completions", run, price, validate, stream,
                      price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE,
@@ -217,11 +262,14 @@ def edit_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             {"role": "user", "content": body.get("input") or ""}]  # (null means absent)
 
 
-def edits_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
+def edits_quote_parts(body: dict[str, Any], spec: ModelSpec) -> tuple[list[Input], OutputBudget]:
     # the call is a chat call: its messages are counted as chat counts them (framing included)
     input_tokens = estimate_messages(edit_messages(body), spec.id).tokens
-    return token_quote(spec, [Input("input", input_tokens, "shorten the instruction or the input")],
-                       output_budget(body, spec))
+    return [Input("input", input_tokens, "shorten the instruction or the input")], output_budget(body, spec)
+
+
+def edits_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
+    return token_quote(spec, *edits_quote_parts(body, spec))
 
 
 def make_edits_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
@@ -237,24 +285,28 @@ def make_edits_operation(spec: ModelSpec, targets: Targets, client: Upstream) ->
     async def run(body: dict[str, Any]) -> SkillResult:
         chat = {**EDITS_FIELDS.forward(body, without=("instruction", "input", "stream")),
                 "messages": edit_messages(body), "stream": False}
-        budget = output_budget(body, spec)  # the cap in the caller's field, else the upstream's
+        inputs, budget = edits_quote_parts(body, spec)  # the cap in the caller's field, else the upstream's
+        quote = quote_of(spec, inputs, budget)
         answer, target, _ = await client.request(targets, "/chat/completions",
                                                  json_body=lambda t: {**chat, **budget.upstream(t.cap_field)})
         choices = []
+        delivered = OutputText()
         for i, choice in enumerate(_choices_of(answer)):
             message = choice.get("message") if isinstance(choice, dict) else None
             text = message.get("content") if isinstance(message, dict) else None
             if not isinstance(text, str):
                 raise UpstreamError("the model provider answered a choice without text")
             choices.append({"text": text, "index": choice.get("index", i)})
+            add_message_text(delivered, i, message)
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
         created = answer.get("created")
         edit = {"object": "edit", "created": created if isinstance(created, int) else int(time.time()),
                 "choices": choices,
                 "usage": {k: int((usage or {}).get(k) or 0)
                           for k in ("prompt_tokens", "completion_tokens", "total_tokens")}}
-        return SkillResult(body=edit, usage=usage_record(usage, target),
-                           upstream_cost_usd=token_cost(usage, spec))
+        charge = token_charge(spec, quote, usage, lambda: delivered.tokens(spec.id))
+        return SkillResult(body=edit, usage=usage_record(usage, target, charge),
+                           upstream_cost_usd=token_cost(usage, spec), charge_usd=charge.usd)
 
     return Operation("edits", run, price, validate,
                      price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=TOKEN_RULE,
@@ -268,11 +320,15 @@ def validate_embeddings(body: dict[str, Any], spec: ModelSpec) -> None:
     EMBEDDINGS_FIELDS.check(body)
 
 
-def embeddings_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
+def embeddings_inputs(body: dict[str, Any], spec: ModelSpec) -> list[Input]:
     raw = body.get("input", "")
     inputs = [raw] if isinstance(raw, str) else [t for t in raw if isinstance(t, str)]
     input_tokens = sum(estimate_tokens(t, spec.id).tokens for t in inputs)
-    return token_quote(spec, [Input("input", input_tokens, "send fewer or shorter inputs")], None)
+    return [Input("input", input_tokens, "send fewer or shorter inputs")]
+
+
+def embeddings_price(body: dict[str, Any], spec: ModelSpec) -> Decimal:
+    return token_quote(spec, embeddings_inputs(body, spec), None)
 
 
 def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: Upstream) -> Operation:
@@ -286,14 +342,17 @@ def make_embeddings_operation(spec: ModelSpec, targets: Targets, client: Upstrea
         return embeddings_price(body, spec)
 
     async def run(body: dict[str, Any]) -> SkillResult:
+        quote = quote_of(spec, embeddings_inputs(body, spec), None)
         answer, target, _ = await client.request(targets, "/embeddings",
                                                  json_body=EMBEDDINGS_FIELDS.forward(body))
         if not isinstance(answer, dict) or not isinstance(answer.get("data"), list):
             raise UpstreamError("the model provider answered without embeddings")
         answer["model"] = spec.id
         usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
-        return SkillResult(body=answer, usage=usage_record(usage, target),
-                           upstream_cost_usd=token_cost(usage, spec))  # (prompt tokens only)
+        charge = token_charge(spec, quote, usage, None)  # (no output)
+        return SkillResult(body=answer, usage=usage_record(usage, target, charge),
+                           upstream_cost_usd=token_cost(usage, spec),  # (prompt tokens only)
+                           charge_usd=charge.usd)
 
     return Operation("embeddings", run, price, validate,
                      price_floor_usd=MIN_USD, price_cap_usd=MAX_USD, price_rule=EMBEDDINGS_RULE)

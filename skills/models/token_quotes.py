@@ -18,13 +18,20 @@ is one cap per completion, forwarded upstream as exactly what was paid:
   they may not exceed it.
 
 Quotes are a pure function of the request: identical requests get identical quotes.
+
+A call is charged what it used (`token_charge`), priced as its quote is priced (`token_usd`: the same
+per-token prices with margin, the long-context tier the input's size selects, the MIN_USD floor), and
+never more than its quote: the tokens the upstream reported, or, when it reported none (a stream cut
+short or left by its caller, a provider that does not report), the input as the quote counted it and
+the output counted on the text delivered (`OutputText`), with the model's tokenizer.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import Any
@@ -61,6 +68,8 @@ MAX_CHOICES = 128  # OpenAI's upper bound for `n` and `best_of`
 CHOICES = integer(1, MAX_CHOICES)  # `n`, `best_of`: completions generated per prompt
 MAX_STOP = 4
 MAX_LOGIT_BIAS = 300
+
+log = logging.getLogger(__name__)
 
 
 @described({"type": "object", "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
@@ -184,18 +193,41 @@ def json_tokens(value: Any, model: str) -> int:
     return estimate_tokens(text, model).tokens
 
 
-def token_quote(spec: ModelSpec, inputs: Sequence[Input], budget: OutputBudget | None) -> Decimal:
-    """USD for `inputs` in and the paid output out (None: no output, embeddings), within the route's
-    range. Above MAX_USD the refusal says which cap would fit, or which input to shorten when the input
-    alone is over (the largest part, at its field)."""
+def token_usd(spec: ModelSpec, input_tokens: int, output_tokens: int) -> Decimal:
+    """USD at this gateway's prices (margin included) for tokens in and out, at the tier the input's
+    size selects (long prompts may cost more per token): what a quote, a charge and an upstream cost
+    are all computed from, unrounded."""
+    in_price, out_price = spec.prices.token_prices(input_tokens)
+    return (input_tokens * (in_price or Decimal(0)) + output_tokens * (out_price or Decimal(0))) / MILLION
+
+
+@dataclass(frozen=True)
+class TokenQuote:
+    """A token route's quote and the input it counted: the most its call is charged, and the input
+    tokens charged when the upstream reports no usage."""
+
+    usd: Decimal
+    input_tokens: int
+
+
+def quote_of(spec: ModelSpec, inputs: Sequence[Input], budget: OutputBudget | None) -> TokenQuote:
+    """USD for `inputs` in and the paid output out (None: no output, embeddings), at least MIN_USD,
+    with the input tokens counted; unchecked against the route's maximum (`token_quote` checks it: a
+    call run without its own quote, a prompted resource's, is charged as priced)."""
+    assert spec.prices.input_per_mtok is not None  # the catalog sells priced models only
     input_tokens = sum(part.tokens for part in inputs)
-    in_price, out_price = spec.prices.token_prices(input_tokens)  # long prompts may cost more
-    assert in_price is not None  # the catalog sells priced models only
-    input_usd = Decimal(input_tokens) * in_price / MILLION
-    per_token = (out_price or Decimal(0)) * (budget.completions if budget else 0) / MILLION
-    usd = input_usd + (budget.cap if budget else 0) * per_token
-    if usd <= MAX_USD:
-        return max(usd, MIN_USD)
+    usd = token_usd(spec, input_tokens, budget.cap * budget.completions if budget else 0)
+    return TokenQuote(max(usd, MIN_USD), input_tokens)
+
+
+def token_quote(spec: ModelSpec, inputs: Sequence[Input], budget: OutputBudget | None) -> Decimal:
+    """The quote (`quote_of`) within the route's range. Above MAX_USD the refusal says which cap would
+    fit, or which input to shorten when the input alone is over (the largest part, at its field)."""
+    quote = quote_of(spec, inputs, budget)
+    if quote.usd <= MAX_USD:
+        return quote.usd
+    input_usd = token_usd(spec, quote.input_tokens, 0)
+    per_token = token_usd(spec, quote.input_tokens, budget.completions) - input_usd if budget else 0
     fit = int(((MAX_USD - input_usd) / per_token).to_integral_value(rounding=ROUND_FLOOR)) \
         if per_token and input_usd < MAX_USD else 0
     if budget is not None and fit >= 1:
@@ -203,13 +235,86 @@ def token_quote(spec: ModelSpec, inputs: Sequence[Input], budget: OutputBudget |
     else:
         largest = max(inputs, key=lambda part: part.tokens)
         where, hint = largest.param, f"{largest.shorten} (about {largest.tokens} tokens)"
-    raise SkillInputError(f"this request would cost ${usd:.6f}, above the ${MAX_USD} maximum of this "
-                          f"route; {hint}", where)
+    raise SkillInputError(f"this request would cost ${quote.usd:.6f}, above the ${MAX_USD} maximum of "
+                          f"this route; {hint}", where)
 
 
-def usage_record(usage: Mapping[str, Any] | None, target: Target) -> dict[str, Any]:
-    """For the ledger: who served the call, then the upstream's own usage report."""
-    return {"provider": target.provider, "upstream_model": target.model, **(usage or {})}
+class OutputText:
+    """The text a call delivered, kept by part (a choice's content, its reasoning, each tool call's
+    name and arguments...): what a call without a usage report is charged for, counted part by part
+    with the model's tokenizer, the one the quote counts with."""
+
+    def __init__(self) -> None:
+        self._parts: dict[Hashable, list[str]] = {}
+
+    def add(self, part: Hashable, text: Any) -> None:
+        if isinstance(text, str) and text:
+            self._parts.setdefault(part, []).append(text)
+
+    def tokens(self, model: str, echoed: Callable[[Hashable], str] | None = None) -> int:
+        """The delivered tokens; `echoed(part)`: a prefix of that part that is not output (a legacy
+        completion's echoed prompt), left uncounted."""
+        total = 0
+        for part, pieces in self._parts.items():
+            text = "".join(pieces)
+            prefix = echoed(part) if echoed is not None else ""
+            if prefix and text.startswith(prefix):
+                text = text[len(prefix):]
+            total += estimate_tokens(text, model).tokens if text else 0
+        return total
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a token call is charged (`usd`, unrounded, at most its quote) and, when the upstream
+    reported no usage, the tokens counted here instead (`counted`, for the ledger)."""
+
+    usd: Decimal
+    counted: dict[str, int] | None = None
+
+
+def reported_tokens(usage: Mapping[str, Any] | None, *, output: bool = True) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of an OpenAI usage report; None when it has no usable counts.
+    `output` False: a route without output (embeddings), whose report has prompt tokens only."""
+    if not usage:
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens") if output else 0
+    if not (_count(prompt) and _count(completion)):
+        return None
+    return prompt, completion
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def token_charge(spec: ModelSpec, quote: TokenQuote, usage: Mapping[str, Any] | None,
+                 output_tokens: Callable[[], int] | None) -> Charge:
+    """What a token call is charged: its usage priced as its quote is (`token_usd`, the MIN_USD
+    floor), never above the quote. The usage is the upstream's report; without one, the input as
+    the quote counted it and `output_tokens()` (the delivered text, counted; None: a route without
+    output, embeddings). A call whose usage is its quote's assumptions is charged exactly its quote."""
+    reported = reported_tokens(usage, output=output_tokens is not None)
+    counted = None
+    if reported is None:
+        reported = quote.input_tokens, output_tokens() if output_tokens is not None else 0
+        counted = {"prompt_tokens": reported[0], "completion_tokens": reported[1]}
+    usd = max(token_usd(spec, *reported), MIN_USD)
+    if usd > quote.usd:
+        # more tokens than the quote counted (our input counts are estimates for some families):
+        # our loss, not the payer's
+        log.debug("%s used %d+%d tokens, $%s above its quote $%s: charged the quote", spec.id,
+                  reported[0], reported[1], usd, quote.usd)
+        usd = quote.usd
+    return Charge(usd, counted)
+
+
+def usage_record(usage: Mapping[str, Any] | None, target: Target,
+                 charge: Charge | None = None) -> dict[str, Any]:
+    """For the ledger: who served the call, then the upstream's own usage report (or the tokens
+    counted here when it sent none)."""
+    counted = {"counted_tokens": charge.counted} if charge is not None and charge.counted else {}
+    return {"provider": target.provider, "upstream_model": target.model, **(usage or {}), **counted}
 
 
 def token_cost(usage: Mapping[str, Any] | None, spec: ModelSpec) -> Decimal | None:
@@ -217,6 +322,4 @@ def token_cost(usage: Mapping[str, Any] | None, spec: ModelSpec) -> Decimal | No
     if not usage:
         return None
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    in_price, out_price = spec.prices.token_prices(prompt)
-    return spec.upstream_cost((prompt * (in_price or 0) + completion * (out_price or 0)) / MILLION)
-
+    return spec.upstream_cost(token_usd(spec, prompt, completion))

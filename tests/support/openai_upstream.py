@@ -13,9 +13,10 @@ derived from the request, so tests can predict every text, vector and usage coun
 - speech / sound generation: silent audio whose length follows the input text / duration_seconds.
 
 Knobs in `UpstreamBehaviour` make it fail, hang, stream slowly, hold a stream at a gate or drop
-it half way. The server runs in its own thread and event loop so sync and async tests can share it;
-`cancelled` is set when the handler really sees its client go away (aiohttp cancels the handler, or
-a write raises ConnectionResetError), which is how the gateway's cancel-on-disconnect is tested.
+it half way, report other token counts than its own or no usage at all. The server runs in its own
+thread and event loop so sync and async tests can share it; `cancelled` is set when the handler
+really sees its client go away (aiohttp cancels the handler, or a write raises
+ConnectionResetError), which is how the gateway's cancel-on-disconnect is tested.
 """
 
 from __future__ import annotations
@@ -234,6 +235,11 @@ class UpstreamBehaviour:
     completion_cap_only: tuple[str, ...] = ("o1", "o3", "o4", "gpt-5")
     # non-stream chat completions answer these texts, one per request in order, then the fixed text
     replies: list[str] = field(default_factory=list)
+    # False: answers and streams carry no usage report, asked or not (a provider that does not report)
+    report_usage: bool = True
+    # token counts reported instead of the stand-in's own (prompt_tokens, completion_tokens): an
+    # upstream that counts differently from the gateway
+    reported_usage: dict[str, int] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def fail(self, *statuses: int) -> None:
@@ -265,7 +271,7 @@ class UpstreamBehaviour:
         with self._lock:
             for name in ("fail_next", "hang", "delay", "chunk_delay", "gate", "chunks", "break_after",
                          "malformed_next", "require_key", "models", "strict_models", "replies",
-                         "completion_cap_only"):
+                         "completion_cap_only", "report_usage", "reported_usage"):
                 setattr(self, name, getattr(fresh, name))
 
 
@@ -627,19 +633,23 @@ class OpenAIUpstream:
         await response.write_eof()
         return response
 
+    def _usage_field(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """An answer's `usage`, or nothing for a provider that does not report."""
+        return {"usage": usage} if self.behaviour.report_usage else {}
+
     def _json(self, payload: dict[str, Any]) -> web.Response:
         return web.json_response(payload, headers={"x-request-id": self._next_id("req")})
 
     # -- chat and completions
 
-    @staticmethod
-    def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    def _stream_flags(self, body: dict[str, Any]) -> tuple[bool, bool]:
         stream = body.get("stream") is True
         options = body.get("stream_options")
         if options is not None and not stream:
             raise _bad("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                        param="stream_options", code="invalid_value")
-        return stream, stream and isinstance(options, dict) and options.get("include_usage") is True
+        return stream, (stream and isinstance(options, dict) and options.get("include_usage") is True
+                        and self.behaviour.report_usage)
 
     def _common_sampling(self, body: dict[str, Any]) -> tuple[int, int]:
         """(n, tokens per choice) after validating temperature, n and max_tokens."""
@@ -666,8 +676,10 @@ class OpenAIUpstream:
         tokens = max(1, self.behaviour.chunks)
         return n, tokens if limit is None else min(tokens, limit)
 
-    @staticmethod
-    def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    def _usage(self, prompt: int, completion: int) -> dict[str, Any]:
+        reported = self.behaviour.reported_usage or {}
+        prompt = reported.get("prompt_tokens", prompt)
+        completion = reported.get("completion_tokens", completion)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
                 "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
@@ -717,7 +729,8 @@ class OpenAIUpstream:
             choices = [{"index": i, "message": {"role": "assistant", "content": text,
                                                 "refusal": None, "annotations": []},
                         "logprobs": None, "finish_reason": finish} for i in range(n)]
-            return self._json({**base, "object": "chat.completion", "choices": choices, "usage": usage})
+            return self._json({**base, "object": "chat.completion", "choices": choices,
+                               **self._usage_field(usage)})
 
         def chunk(delta: dict[str, Any], finish_reason: str | None, i: int) -> dict[str, Any]:
             event = {**base, "object": "chat.completion.chunk",
@@ -762,7 +775,7 @@ class OpenAIUpstream:
         if not stream:
             choices = [{"text": (prompts[i // n] if echo else "") + "".join(pieces), "index": i,
                         "logprobs": None, "finish_reason": finish} for i in range(count)]
-            return self._json({**base, "choices": choices, "usage": usage})
+            return self._json({**base, "choices": choices, **self._usage_field(usage)})
 
         def chunk(text: str, finish_reason: str | None, i: int) -> dict[str, Any]:
             event = {**base, "choices": [{"text": text, "index": i, "logprobs": None,
@@ -816,8 +829,9 @@ class OpenAIUpstream:
                 encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
             data.append({"object": "embedding", "index": i, "embedding": encoded})
         tokens = sum(word_tokens(t) for t in inputs)
+        tokens = (self.behaviour.reported_usage or {}).get("prompt_tokens", tokens)
         return self._json({"object": "list", "data": data, "model": model,
-                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+                           **self._usage_field({"prompt_tokens": tokens, "total_tokens": tokens})})
 
     # -- audio
 
