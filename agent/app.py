@@ -38,11 +38,13 @@ from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavaila
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
 from payments.leases import SettlementPolicy
 from payments.ledger import Ledger, sqlite_pragmas
-from payments.networks import lookup_network
+from payments.money import usd_to_atomic
+from payments.networks import SOLANA_DEVNET, lookup_network
 from payments.payer_mistakes import PayerMistakes
 from payments.processor import PaymentProcessor, PayTo
 from payments.rate_limits import LimitSpec, RateLimits
 from payments.reconciler import EvmSender, Reconciler, chain_asker
+from payments.refunds import RefundBatcher, RefundPolicy
 from payments.schema import ensure_current
 from payments.send_lock import send_lock_for
 from skills.help import make_help_skill
@@ -77,6 +79,7 @@ class Runtime:
     devnet: Any | None = None
     upstreams: UpstreamClient | None = None  # the model providers' client (its retry settings)
     metrics: Metrics | None = None  # GET /metrics (None: PAYWIRE_METRICS is off)
+    refunds: RefundPolicy | None = None  # Solana refunds: the receipt's note (`refund_note`)
 
 
 class ServerTimingTotal:
@@ -352,6 +355,31 @@ def chain_rpcs_for(settings: Settings, devnet: Any | None) -> dict[str, JsonRpc]
     return rpcs
 
 
+def refund_batchers(settings: Settings, devnet: Any | None, ledger: Ledger,
+                    chain_rpcs: Mapping[str, JsonRpc], owner: str
+                    ) -> tuple[RefundPolicy, list[RefundBatcher]]:
+    """The refund settings, and a batcher per Solana network when refunds are on: sent from the
+    pay-to wallet (its key; on the devnet, the devnet's merchant key) through the RPC the
+    reconciler asks (payments/refunds.py)."""
+    policy = RefundPolicy(enabled=settings.refunds_on,
+                          min_atomic=usd_to_atomic(settings.refund_min_usd),
+                          period_seconds=settings.refund_period_seconds,
+                          check_seconds=settings.reconcile_interval_seconds)
+    if not policy.enabled:
+        return policy, []
+    from solders.keypair import Keypair
+
+    if devnet is not None:
+        wallet, networks = Keypair.from_base58_string(devnet.keys.sol_merchant), [SOLANA_DEVNET]
+    else:
+        wallet = Keypair.from_base58_string(settings.secret("refund_key_solana"))
+        networks = [n for n in settings.networks if n.family == "svm"]
+    return policy, [RefundBatcher(ledger, chain_rpcs[n.caip2], wallet, policy, network=n.caip2,
+                                  asset=n.usdc, owner=owner,
+                                  lease_seconds=settings.settlement_lease_seconds)
+                    for n in networks if n.caip2 in chain_rpcs]
+
+
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
     if settings.devnet and devnet is None:
@@ -382,6 +410,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         keep_result_max_bytes=settings.result_keep_max_bytes,
         pending_retry_seconds=settings.pending_retry_seconds)
     chain_rpcs = chain_rpcs_for(settings, devnet)
+    refund_policy, refunders = refund_batchers(settings, devnet, ledger, chain_rpcs, policy.owner)
     reconciler = Reconciler(ledger, chain_asker(chain_rpcs.get), policy,
                             interval_seconds=settings.reconcile_interval_seconds)
     metrics = Metrics(VERSION) if settings.metrics else None  # a registry per app: see observability
@@ -397,7 +426,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
-                      metrics)
+                      metrics, refund_policy)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
@@ -431,6 +460,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         # settles, at startup and then periodically, whatever a dead replica left unfinished.
         background = [asyncio.create_task(gateway.in_flight.run()),
                       asyncio.create_task(reconciler.run_forever()),
+                      # Solana refunds: open ones finished, a batch per period (one replica)
+                      *(asyncio.create_task(r.run_forever()) for r in refunders),
                       asyncio.create_task(controls.run_forever())]
         async with mcp.running():  # the MCP SDK's task group: each /mcp request's server runs in it
             yield

@@ -116,7 +116,8 @@ class _Problems(ValueError):
 
 
 _PRODUCTION_ONLY = ("PAYWIRE_EVM_PAY_TO", "PAYWIRE_SOLANA_PAY_TO", "PAYWIRE_FACILITATOR_URL",
-                    "PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY")
+                    "PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY",
+                    "PAYWIRE_REFUND_KEY_SOLANA")
 _EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
 MEBIBYTE = 1024 * 1024
 
@@ -333,6 +334,23 @@ class Settings(_FromEnvironment):
         "PAYWIRE_PENDING_RETRY_SECONDS", 5, "the Retry-After given while a settlement's outcome "
         "is not known yet", most=3600)
 
+    # --- Solana refunds of what token-priced calls did not use (payments/refunds.py)
+    refund_key_solana: SecretStr | None = _key(
+        "PAYWIRE_REFUND_KEY_SOLANA", "the Solana pay-to wallet's key (base58): what a token-priced "
+        "call paid with exact on Solana did not use is sent back from this wallet (it pays the "
+        "transfers' fees: keep some SOL there); its address must be PAYWIRE_SOLANA_PAY_TO")
+    refunds: bool | None = _var(
+        "PAYWIRE_REFUNDS", None, "send Solana refunds: default on when PAYWIRE_REFUND_KEY_SOLANA is "
+        "set (and on the devnet); false sends none (what is owed stays shown as owed)",
+        accepts="true or false")
+    refund_min_usd: Decimal = _var(
+        "PAYWIRE_REFUND_MIN_USD", Decimal("0.01"), "the dust threshold: a payer gets a refund "
+        "transfer once what it is owed in total reaches this (USD); less waits for later calls",
+        accepts="a USD amount from 0 to 1000, such as 0.01", ge=0, le=1000, allow_inf_nan=False)
+    refund_period_seconds: float = _seconds(
+        "PAYWIRE_REFUND_PERIOD_SECONDS", 3600.0, "how often refunds are batched: one transfer "
+        "per payer per period, by one replica")
+
     # --- model providers (the model table names these: Catalog.provider_variables())
     openai_api_key: SecretStr | None = _key("OPENAI_API_KEY", "OpenAI's API key")
     openai_base_url: str | None = _url("OPENAI_BASE_URL", "OpenAI-compatible base URL instead of OpenAI's")
@@ -389,6 +407,14 @@ class Settings(_FromEnvironment):
     @property
     def base_url(self) -> str:
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def refunds_on(self) -> bool:
+        """Solana refunds are sent: PAYWIRE_REFUNDS, else whenever a refund key is there (on the
+        devnet, its pay-to wallet's)."""
+        if self.refunds is not None:
+            return self.refunds
+        return self.devnet or self._is_set("PAYWIRE_REFUND_KEY_SOLANA")
 
     @property
     def facilitator_urls(self) -> tuple[str, ...]:
@@ -588,7 +614,8 @@ class Settings(_FromEnvironment):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
-        problems = self._devnet_problems() if self.devnet else self._production_problems()
+        problems = (self._devnet_problems() if self.devnet
+                    else self._production_problems() + self._refund_problems())
         if problems:
             raise _Problems(problems)
         return self
@@ -632,6 +659,31 @@ class Settings(_FromEnvironment):
                 problems += _key_problems(self.secret(_FIELD_OF[key]), key, evm=family == "evm")
             if not self._is_set(rpc):
                 problems.append(f"{rpc} is not set: the in-process facilitator needs a node to settle on")
+        return problems
+
+    def _refund_problems(self) -> list[str]:
+        """The refund key is the Solana pay-to wallet's, and refunds have a node to go through."""
+        if not self._is_set("PAYWIRE_REFUND_KEY_SOLANA"):
+            return ["PAYWIRE_REFUNDS is true but PAYWIRE_REFUND_KEY_SOLANA is not set: refunds are "
+                    "sent from the Solana pay-to wallet, with its key (or set PAYWIRE_REFUNDS=false)"
+                    ] if self.refunds else []
+        if not any(n.family == "svm" for n in self.networks):
+            return ["PAYWIRE_REFUND_KEY_SOLANA is set but PAYWIRE_NETWORKS has no Solana network: "
+                    "refunds are for payments on Solana (unset it, or add solana)"]
+        key = self.secret("refund_key_solana")
+        problems = _key_problems(key, "PAYWIRE_REFUND_KEY_SOLANA", evm=False)
+        if problems:
+            return problems
+        from solders.keypair import Keypair
+
+        address = str(Keypair.from_base58_string(key).pubkey())
+        if self.solana_pay_to and address != self.solana_pay_to:
+            problems.append(f"PAYWIRE_REFUND_KEY_SOLANA is the key of {address}, not of "
+                            f"PAYWIRE_SOLANA_PAY_TO ({self.solana_pay_to}): refunds are sent from "
+                            "the wallet payments are paid to; set that wallet's key")
+        if self.refunds_on and not self.solana_rpc_url:
+            problems.append("PAYWIRE_SOLANA_RPC_URL is not set: refunds are sent through a Solana "
+                            "node (or set PAYWIRE_REFUNDS=false)")
         return problems
 
 

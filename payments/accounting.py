@@ -1,8 +1,12 @@
 """Accounting over the payment ledger: revenue, upstream cost and margin by skill, network and
 day; the payments themselves, filtered and paged; what is pending and what failed.
 
-Money is exact. Revenue is the settled payments' `amount_atomic` (USDC, 6 decimals), summed as
-integers; upstream cost is `upstream_cost_usd`, an exact decimal (NUMERIC on PostgreSQL, decimal
+Money is exact. Revenue is what the settled payments were charged (USDC, 6 decimals), summed as
+integers: `charged_atomic` where the call was charged less than its payment authorized (an upto
+settlement moved only that; an exact payment on Solana gets the rest back, payments/refunds.py),
+else `amount_atomic`. So it is net of refunds; what goes back is shown beside it, confirmed
+(`refunded_atomic`) or not yet (`refund_owed_atomic`: owed, or in a transfer not confirmed
+yet). Upstream cost is `upstream_cost_usd`, an exact decimal (NUMERIC on PostgreSQL, decimal
 text on SQLite, where SQL's SUM() would turn it into a binary float). So the cost is summed by
 PostgreSQL's NUMERIC sum, and on SQLite by `paywire_decimal_sum`, an aggregate registered on the
 connection that adds Decimals in a context that traps any rounding. The database groups and
@@ -35,8 +39,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql import ColumnElement, Select
 
-from .ledger_schema import UNFINISHED, PaymentState, payments_table
+from .ledger_schema import UNFINISHED, PaymentState, RefundState, payments_table, refunds_table
 from .money import USDC_DECIMALS, atomic_to_usd
+from .refund_ledger import OWED_AMOUNT, owed_clause
 
 __all__ = [
     "GROUPINGS", "Accounting", "AccountingInputError", "Cursor", "PaymentFilter", "PaymentLine",
@@ -182,12 +187,14 @@ class RevenueLine:
     network: str | None = None
     day: str | None = None
     calls: int = 0  # settled payments
-    revenue_atomic: int = 0
+    revenue_atomic: int = 0  # what they were charged (net of refunds)
     upstream_cost_usd: Decimal = ZERO  # of the settled calls
     failed_calls: int = 0  # released (nothing moved) or failed
     unbilled_cost_usd: Decimal = ZERO  # what the failed calls still cost upstream
     pending_calls: int = 0  # claimed, settling, pending: may still move
     pending_atomic: int = 0
+    refunded_atomic: int = 0  # given back to payers (Solana refunds, confirmed)
+    refund_owed_atomic: int = 0  # owed back, not confirmed yet (or refunds are off)
 
     @property
     def revenue_usd(self) -> Decimal:
@@ -205,7 +212,9 @@ class RevenueLine:
             failed_calls=self.failed_calls + other.failed_calls,
             unbilled_cost_usd=_add(self.unbilled_cost_usd, other.unbilled_cost_usd),
             pending_calls=self.pending_calls + other.pending_calls,
-            pending_atomic=self.pending_atomic + other.pending_atomic)
+            pending_atomic=self.pending_atomic + other.pending_atomic,
+            refunded_atomic=self.refunded_atomic + other.refunded_atomic,
+            refund_owed_atomic=self.refund_owed_atomic + other.refund_owed_atomic)
 
     def figures(self) -> dict[str, Any]:
         """The numbers as JSON: amounts as exact decimal strings, atomic amounts as integers."""
@@ -217,6 +226,8 @@ class RevenueLine:
             "unbilled_cost_usd": decimal_text(self.unbilled_cost_usd),
             "margin_usd": decimal_text(self.margin_usd),
             "pending_calls": self.pending_calls, "pending_atomic": self.pending_atomic,
+            "refunded_atomic": self.refunded_atomic,
+            "refund_owed_atomic": self.refund_owed_atomic,
         }
 
     def keys(self, by: Sequence[str]) -> dict[str, str | None]:
@@ -438,24 +449,31 @@ class Accounting:
         unknown = [n for n in by if n not in GROUPINGS]
         if unknown:
             raise AccountingInputError("by", f"group by any of {', '.join(GROUPINGS)}, got {unknown}")
-        t = payments_table
+        t, r = payments_table, refunds_table
         keys: dict[str, ColumnElement[Any]] = {
             "skill": t.c.skill_id, "network": t.c.network, "day": self._day()}
         settled = t.c.state == PaymentState.SETTLED
         failed = t.c.state.in_(FAILED_STATES)
         unfinished = t.c.state.in_(UNFINISHED)
         zero = literal(0)
+        owed, confirmed = owed_clause(), r.c.state == RefundState.CONFIRMED
+        charged = func.coalesce(t.c.charged_atomic, t.c.amount_atomic)
         columns = [keys[name].label(name) for name in by] + [
             func.count(case((settled, 1))).label("calls"),
-            func.coalesce(func.sum(case((settled, t.c.amount_atomic), else_=zero)), 0).label("revenue"),
+            func.coalesce(func.sum(case((settled, charged), else_=zero)), 0).label("revenue"),
             self._cost_sum(case((settled, t.c.upstream_cost_usd))).label("cost"),
             func.count(case((failed, 1))).label("failed"),
             self._cost_sum(case((failed, t.c.upstream_cost_usd))).label("unbilled"),
             func.count(case((unfinished, 1))).label("pending"),
             func.coalesce(func.sum(case((unfinished, t.c.amount_atomic), else_=zero)), 0)
             .label("pending_atomic"),
+            func.coalesce(func.sum(case((and_(owed, confirmed), OWED_AMOUNT), else_=zero)), 0)
+            .label("refunded"),
+            func.coalesce(func.sum(case((and_(owed, or_(r.c.id.is_(None), ~confirmed)),
+                                         OWED_AMOUNT), else_=zero)), 0).label("refund_owed"),
         ]
-        statement = select(*columns).select_from(t).where(and_(true(), *_in_period(period)))
+        statement = (select(*columns).select_from(t.outerjoin(r, t.c.refund_id == r.c.id))
+                     .where(and_(true(), *_in_period(period))))
         if by:
             grouped = [keys[name] for name in by]
             statement = statement.group_by(*grouped).order_by(*grouped)
@@ -466,7 +484,8 @@ class Accounting:
                 calls=int(row["calls"]), revenue_atomic=int(row["revenue"]),
                 upstream_cost_usd=_decimal(row["cost"]), failed_calls=int(row["failed"]),
                 unbilled_cost_usd=_decimal(row["unbilled"]), pending_calls=int(row["pending"]),
-                pending_atomic=int(row["pending_atomic"]))
+                pending_atomic=int(row["pending_atomic"]), refunded_atomic=int(row["refunded"]),
+                refund_owed_atomic=int(row["refund_owed"]))
             if by and not (line.calls or line.failed_calls or line.pending_calls):
                 continue
             lines.append(line)

@@ -19,6 +19,8 @@ POINTS = frozenset({
     "after_intent",  # the settlement intent is committed, nothing broadcast
     "after_broadcast",  # the node accepted the transaction, before its receipt
     "after_settle",  # the facilitator said settled, before the ledger knows
+    "refund_after_intent",  # a refund's signed transfer is recorded, not broadcast
+    "refund_after_broadcast",  # the node took the refund's transfer, before it is confirmed
 })
 
 

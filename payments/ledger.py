@@ -50,6 +50,7 @@ from .ledger_schema import (
     events_table,
     payments_table,
     results_table,
+    turns_table,
 )
 
 __all__ = [
@@ -315,6 +316,38 @@ class Ledger:
     def engine(self) -> AsyncEngine:
         return self._engine
 
+    def writing(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A write transaction on the ledger's database, committed on exit (rolled back by an
+        exception), for the stores of its other tables (payments/refund_ledger.py): the same
+        locking as the ledger's own writes."""
+        return self._write()
+
+    def reading(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A read on the ledger's database (SQLite: a WAL snapshot per statement, no lock)."""
+        return self._read()
+
+    async def take_turn(self, name: str, *, owner: str, seconds: float) -> bool:
+        """Take the turn `name` for `seconds` if nobody holds it (its last taker's time ran out):
+        a compare-and-set, so among replicas asking at once one gets it. The turn is not given
+        back: the next one can be taken only once `seconds` have passed (a batch per period)."""
+        t = turns_table
+        now = _now()
+        until = now + timedelta(seconds=seconds)
+        async with self._write() as conn:
+            moved = await conn.execute(update(t).where(and_(t.c.name == name, t.c.until < now))
+                                       .values(owner=owner, until=until))
+            if moved.rowcount == 1:
+                return True
+            held = (await conn.execute(select(t.c.name).where(t.c.name == name))).first()
+        if held is not None:
+            return False
+        try:  # never taken yet
+            async with self._write() as conn:
+                await conn.execute(insert(t).values(name=name, owner=owner, until=until))
+        except IntegrityError:  # another replica took it first
+            return False
+        return True
+
     async def create_tables(self) -> None:
         """Bring the schema to the head revision (tests, and a fresh database)."""
         from .schema import upgrade
@@ -410,8 +443,9 @@ class Ledger:
                                charged_atomic: int | None = None) -> bool:
         """The intent, written before anything is broadcast: claimed -> settling, with what
         identifies the on-chain action, the amount about to move when it is less than the payment
-        authorized (`charged_atomic`: an upto settlement) and the result a retry would get. False: the claim is no
-        longer this owner's (its lease ran out and the row was taken): nothing may be settled."""
+        authorized (`charged_atomic`: an upto settlement) and the result a retry would get.
+        False: the claim is no longer this owner's (its lease ran out and the row was taken):
+        nothing may be settled."""
         now = _now()
         async with self._write() as conn:
             moved = await conn.execute(_BEGIN_SETTLEMENT, {

@@ -13,6 +13,11 @@ paywire_skill_switches the operator's skill switches (payments/controls.py): a s
 paywire_denied_payers  payers whose payments are refused (403) before any facilitator is asked
 paywire_controls_version one row: a counter bumped by every change to the two tables above, so
                        replicas notice a change with one tiny query
+paywire_refunds        Solana refunds (payments/refunds.py): one SPL transfer per payer per batch,
+                       written as an intent (signed transaction, signature, blockhash) before it
+                       is broadcast; the payments it covers point to it (paywire_payments.refund_id)
+paywire_turns          named turns replicas take by lease (one replica runs a refund batch at a
+                       time, and not again before the period ends)
 """
 
 from __future__ import annotations
@@ -130,10 +135,14 @@ payments_table = Table(
     # What the call was charged when less than `amount_atomic` (upto: what settled; exact on
     # Solana: what the payer keeps paying once the rest is refunded). NULL: all of it. Set once.
     Column("charged_atomic", BigInteger),
+    # The refund that gives back what an exact payment on Solana paid above `charged_atomic`
+    # (payments/refunds.py). Set once, by a compare-and-set on NULL: a payment is refunded once.
+    Column("refund_id", String(36), ForeignKey("paywire_refunds.id", name="fk_payment_refund")),
     UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
     UniqueConstraint("payment_id", name="uq_payment_identifier"),
     Index("ix_payments_unfinished", "state", "lease_until"),
     Index("ix_payments_created", "created_at"),  # reports by period
+    Index("ix_payments_refund", "refund_id", "charged_atomic"),  # a refund's rows; what is owed
 )
 
 results_table = Table(
@@ -188,4 +197,60 @@ controls_version_table = Table(
     Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
     Column("version", BigInteger, nullable=False),
     Column("changed_at", DateTime(timezone=True), nullable=False),
+)
+
+
+class RefundState(enum.StrEnum):
+    """Where a refund is (payments/refunds.py).
+
+    signed     the intent: the transfer is signed and recorded, its signature known; it may or
+               may not have been broadcast (a crash here: sent again, as it is, after restart)
+    sent       a node accepted the transfer; not confirmed yet
+    confirmed  the transfer landed (confirmed commitment): the payer has the money
+    """
+
+    SIGNED = "signed"
+    SENT = "sent"
+    CONFIRMED = "confirmed"
+
+
+OPEN_REFUNDS = (RefundState.SIGNED, RefundState.SENT)
+
+refunds_table = Table(
+    "paywire_refunds",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("network", String(64), nullable=False),
+    Column("payer", String(128), nullable=False),  # who gets the money back
+    Column("asset", String(128), nullable=False),
+    Column("pay_to", String(128), nullable=False),  # the operator's wallet it is sent from
+    Column("amount_atomic", BigInteger, nullable=False),
+    Column("payments", Integer, nullable=False),  # how many payment rows it covers
+    Column("state", String(16), nullable=False),
+    # The current attempt, written before it is broadcast: a Solana transaction's id is its fee
+    # payer's signature, known once signed. A fresh attempt replaces it only once the chain shows
+    # the previous one can never land (its blockhash expired without it).
+    Column("signature", String(128), nullable=False),
+    Column("blockhash", String(64), nullable=False),
+    Column("last_valid_height", BigInteger, nullable=False),
+    Column("transaction", Text, nullable=False),  # signed, base64: sent again as it is
+    Column("attempts", Integer, nullable=False),
+    Column("expired_signatures", JSON),  # earlier attempts, which never landed
+    Column("owner", String(64)),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("error", Text),  # the last send's refusal, for the operator
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Column("confirmed_at", DateTime(timezone=True)),
+    UniqueConstraint("signature", name="uq_refund_signature"),
+    Index("ix_refunds_state", "state", "lease_until"),
+    Index("ix_refunds_payer", "payer"),
+)
+
+turns_table = Table(
+    "paywire_turns",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("owner", String(64), nullable=False),
+    Column("until", DateTime(timezone=True), nullable=False),  # nobody else takes it before
 )

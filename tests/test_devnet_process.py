@@ -125,7 +125,7 @@ def test_prints_the_public_settings_and_writes_the_keys_only_to_the_env_file(
     assert f"keys in {devnet.data_dir / 'devnet-keys.json'}" in devnet.output.read_text()
     assert set(env) == {"PAYWIRE_NETWORKS", "PAYWIRE_EVM_RPC_URL", "PAYWIRE_SOLANA_RPC_URL",
                         "PAYWIRE_EVM_PAY_TO", "PAYWIRE_SOLANA_PAY_TO", "PAYWIRE_EVM_FACILITATOR_KEY",
-                        "PAYWIRE_SOLANA_FACILITATOR_KEY"}
+                        "PAYWIRE_SOLANA_FACILITATOR_KEY", "PAYWIRE_REFUND_KEY_SOLANA"}
     # Exactly what a production-mode gateway accepts, on the devnet's tokens.
     settings = Settings.from_env(env)
     assert not settings.devnet and settings.networks == (BASE_SEPOLIA, SOLANA_DEVNET)
@@ -143,7 +143,8 @@ def test_prints_the_public_settings_and_writes_the_keys_only_to_the_env_file(
                  "PAYWIRE_EVM_PAY_TO", "PAYWIRE_SOLANA_PAY_TO"):
         assert f"{name}={env[name]}" in printed
     assert str(devnet.env_file) in printed
-    for secret in (env["PAYWIRE_EVM_FACILITATOR_KEY"], env["PAYWIRE_SOLANA_FACILITATOR_KEY"]):
+    for secret in (env["PAYWIRE_EVM_FACILITATOR_KEY"], env["PAYWIRE_SOLANA_FACILITATOR_KEY"],
+                   env["PAYWIRE_REFUND_KEY_SOLANA"]):
         assert secret.removeprefix("0x") not in printed
 
 

@@ -20,6 +20,7 @@ from payments.accounting import (
     decimal_text,
 )
 from payments.accounting_csv import payments_csv, revenue_csv
+from payments.money import atomic_to_usd
 
 FORMATS = ("table", "csv", "json")
 
@@ -92,11 +93,18 @@ def revenue_table(report: RevenueReport) -> str:
         return lines[0] + "\nno payments in this period"
     header = [*report.by, "calls", "revenue", "upstream cost", "unbilled cost", "margin",
               "failed", "pending"]
+    refunds = bool(report.total.refunded_atomic or report.total.refund_owed_atomic)
+    if refunds:  # Solana refunds: only when there are any
+        header += ["refunded", "refund owed"]
 
     def row(keys: list[str], line: Any) -> list[str]:
-        return [*keys, str(line.calls), decimal_text(line.revenue_usd),
-                decimal_text(line.upstream_cost_usd), decimal_text(line.unbilled_cost_usd),
-                decimal_text(line.margin_usd), str(line.failed_calls), str(line.pending_calls)]
+        shown = [*keys, str(line.calls), decimal_text(line.revenue_usd),
+                 decimal_text(line.upstream_cost_usd), decimal_text(line.unbilled_cost_usd),
+                 decimal_text(line.margin_usd), str(line.failed_calls), str(line.pending_calls)]
+        if refunds:
+            shown += [decimal_text(atomic_to_usd(line.refunded_atomic)),
+                      decimal_text(atomic_to_usd(line.refund_owed_atomic))]
+        return shown
 
     rows = [row([v or "-" for v in line.keys(report.by).values()], line) for line in report.lines]
     if report.by:
@@ -104,6 +112,10 @@ def revenue_table(report: RevenueReport) -> str:
     lines += _columns(header, rows, right=set(range(len(report.by), len(header))))
     lines.append("unbilled cost: what calls that failed (nothing charged) still cost upstream; "
                  "margin = revenue - upstream cost - unbilled cost")
+    if refunds:
+        lines.append("revenue is what calls were charged, net of refunds: refunded = sent back to "
+                     "payers (confirmed); refund owed = to be sent back (`paywire ledger` lists "
+                     "them by payer)")
     return "\n".join(lines)
 
 

@@ -2,8 +2,9 @@
 
 Counts by state; the unfinished payments (claimed, settling, pending) with their age, lease and
 transaction, marked "stuck" once their lease ran out (the reconciler has not settled them yet:
-its chain could not be asked, or the payment may still move); what the reconciler did; or the
-latest payments in one state. `--json` prints the same as one JSON document.
+its chain could not be asked, or the payment may still move); the Solana refunds, in total and
+by payer (owed: not in a transfer yet; sending: in one not confirmed yet; confirmed); what the
+reconciler did; or the latest payments in one state. `--json` prints the same as one JSON document.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from typing import Any
 
 from payments.ledger import Ledger, PaymentRow
 from payments.ledger_schema import PaymentState
+from payments.refund_ledger import PayerRefunds, RefundLedger
+
+REFUND_PAYERS = 20  # payers listed (those owed the most first); --json lists up to --limit
 
 
 def _age(moment: datetime | None, now: datetime) -> str:
@@ -56,10 +60,13 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
                          for e in shaped)
     counts = await ledger.counts()
     unfinished = [_row(r, now) for r in await ledger.unfinished(limit)]
+    refunds, payers = await RefundLedger(ledger).by_payer(limit)
     if as_json:
         return json.dumps({"by_state": {k: {"payments": n, "amount_atomic": a}
                                         for k, (n, a) in counts.items()},
-                           "unfinished": unfinished}, indent=2)
+                           "unfinished": unfinished,
+                           "refunds": {"total": refunds.as_dict() | {"payer": None},
+                                       "by_payer": [p.as_dict() for p in payers]}}, indent=2)
     lines = ["payments by state:"]
     for name in PaymentState:
         n, amount = counts.get(name.value, (0, 0))
@@ -69,7 +76,21 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
     lines.append(f"unfinished: {len(unfinished)} ({stuck} stuck: lease ran out, not reconciled yet)")
     if unfinished:
         lines.append(_table(unfinished, "unfinished payments, oldest first"))
+    lines += _refund_lines(refunds, payers[:REFUND_PAYERS])
     return "\n".join(lines)
+
+
+def _refund_lines(total: PayerRefunds, payers: list[PayerRefunds]) -> list[str]:
+    """Solana refunds in atomic units: owed (in no transfer yet), sending (in a transfer not
+    confirmed yet), confirmed; by payer, those owed the most first."""
+    if not (total.owed_atomic or total.sending_atomic or total.confirmed_atomic):
+        return ["refunds (Solana): none owed, none sent"]
+    lines = [f"refunds (Solana), atomic units: owed {total.owed_atomic} ({total.owed_payments} "
+             f"payments), sending {total.sending_atomic}, confirmed {total.confirmed_atomic}",
+             f"  {'payer':<44} {'owed':>12} {'sending':>12} {'confirmed':>12}"]
+    lines += [f"  {p.payer:<44} {p.owed_atomic:>12} {p.sending_atomic:>12} "
+              f"{p.confirmed_atomic:>12}" for p in payers]
+    return lines
 
 
 def _table(rows: list[dict[str, Any]], title: str) -> str:

@@ -9,7 +9,9 @@ written only to an owner-only env file, never printed or logged.
 
 The chains mirror Base Sepolia and Solana devnet at their real USDC addresses (DevUSDC at the
 Base Sepolia USDC address, the devnet USDC mint), so a production gateway's quotes for
-`base-sepolia,solana-devnet` name the devnet's tokens without any asset setting.
+`base-sepolia,solana-devnet` name the devnet's tokens without any asset setting. The Solana
+merchant's key is in the env file too (`PAYWIRE_REFUND_KEY_SOLANA`): a gateway sends the Solana
+refunds from it.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from payments.devnet import Devnet, DevnetNotInstalled, check_installed
 from payments.devnet.keys import KEYS_FILE, load_or_create_keys
 
 # What a production-mode gateway needs and nobody else may read: written to the env file only.
-SECRET_VARIABLES = ("PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY")
+SECRET_VARIABLES = ("PAYWIRE_EVM_FACILITATOR_KEY", "PAYWIRE_SOLANA_FACILITATOR_KEY",
+                    "PAYWIRE_REFUND_KEY_SOLANA")
 _WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -49,6 +52,9 @@ def gateway_env(devnet: Devnet, base_url: str) -> dict[str, str]:
         # The accounts the devnet funds for gas and fees at genesis.
         "PAYWIRE_EVM_FACILITATOR_KEY": keys.evm_facilitator,
         "PAYWIRE_SOLANA_FACILITATOR_KEY": keys.sol_fee_payer,
+        # The Solana merchant's own key: refunds are sent from the wallet payments go to (the
+        # devnet gives it SOL for their fees).
+        "PAYWIRE_REFUND_KEY_SOLANA": keys.sol_merchant,
     }
 
 
@@ -57,7 +63,7 @@ def write_env_file(path: Path, env: dict[str, str], base_url: str) -> None:
     start: written to a private temporary file, then renamed over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"# paywire devnet at {base_url}: a production-mode `paywire serve` settles on it "
-             "with these settings.", "# Holds facilitator keys: keep it private.",
+             "with these settings.", "# Holds facilitator and refund keys: keep it private.",
              *(f"{name}={value}" for name, value in env.items())]
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # mode 0600
     try:

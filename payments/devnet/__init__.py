@@ -21,6 +21,7 @@ from ..processor import PayTo
 from .keys import DevnetKeys
 
 DEMO_PAYER_FUNDS = 100_000_000  # 100 USDC, in atomic units
+MERCHANT_LAMPORTS = 10_000_000_000  # 10 SOL: the merchant wallet pays its refunds' fees
 # The top-level modules of the `devnet` extra (py-evm is imported as `eth`).
 _EXTRA_MODULES = frozenset({"eth", "eth_tester"})
 
@@ -50,8 +51,10 @@ class Devnet:
             fee_payer=DevnetKeys.sol_keypair(keys.sol_fee_payer),
             mint_authority=DevnetKeys.sol_keypair(keys.sol_mint_authority),
         )
-        # The merchant's token account exists from the start, as an operator's would.
+        # The merchant's token account exists from the start, as an operator's would, and SOL
+        # for the fees of the refunds its wallet sends (payments/refunds.py).
         self.solana.mint_to(keys.sol_merchant_address, 0)
+        self.solana.airdrop(keys.sol_merchant_address, MERCHANT_LAMPORTS)
         if demo_payer_funds:
             self.fund(keys.evm_payer_address, demo_payer_funds, BASE_SEPOLIA)
             self.fund(keys.sol_payer_address, demo_payer_funds, SOLANA_DEVNET)
