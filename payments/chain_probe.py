@@ -23,6 +23,20 @@ answer comes from a lagging node from pairing a new timestamp with an old state.
 or the token's `AuthorizationUsed(authorizer, nonce)` log within `log_lookback_blocks`, and a use
 older than that is `Moved(None)`.
 
+EVM `upto` (Permit2, chain_ref kind "permit2"): the same discipline with Permit2's
+`nonceBitmap(owner, nonce >> 8)` bit `nonce & 0xff`, read at the head block. Unset at a block
+stamped after the deadline means never (`permitWitnessTransferFrom` reverts only when
+`block.timestamp > deadline`: a block stamped the deadline itself may still take it). A set bit is
+a use or the owner's `invalidateUnorderedNonces`. A use is our settlement: the given hash's
+successful receipt paying `to` from `owner` (the token's Transfer; the proxy refuses a zero
+amount), or, within `log_lookback_blocks`, such a Transfer whose transaction calls the upto proxy
+(`spender`) with this owner and nonce: `Moved`. Otherwise an `UnorderedNonceInvalidation`
+covering the bit, with the bit still unset the block before it (state read at that block: an
+invalidation older than the node's state history is no answer, and asked again) and no
+unattributed Transfer to the payee ahead of it in its block, is `CannotMove`; anything else
+(spent before the searched blocks) is `Moved(None)`. A zero-amount settlement sends nothing: the
+pipeline records it settled with no transaction, and this probe never sees it.
+
 Solana: `isBlockhashValid` first, then the signature's status (with history). A blockhash seen
 invalid BEFORE the status lookup cannot take a transaction after it, so "not found" then means
 never. Commitment is "confirmed" throughout: a transaction seen only at "processed" may still be
@@ -52,6 +66,10 @@ key's pool (not a load balancer that may answer "pending" from a node that never
 and a transaction it took and dropped before its id reached the ledger (its replica died within a
 second of sending it) is not sent again by someone else before the key's next transaction uses
 its nonce.
+A permit (`upto`) makes this stronger: its witness names the facilitator and the upto proxy takes
+the settlement from that address alone, so the third party above cannot submit it at all, and
+every transaction that can use it is one of the key's. The proof applies only when that address
+is the in-process facilitator's key (another account's sends are not in sight: its deadline).
 Solana has no such early point: a transaction sent to a node is forwarded and retried by it until
 its blockhash expires, and no RPC tells that nothing is in flight; the blockhash is the bound.
 """
@@ -70,11 +88,30 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import httpx
+from eth_utils import function_abi_to_4byte_selector, keccak
+from x402.mechanisms.evm.constants import (
+    PERMIT2_ADDRESS,
+    X402_UPTO_PERMIT2_PROXY_ABI,
+    X402_UPTO_PERMIT2_PROXY_SETTLE_WITH_PERMIT_ABI,
+)
 
 # EIP-3009: authorizationState(address,bytes32) and its two events.
 AUTHORIZATION_STATE_SELECTOR = "e94a0102"
 AUTHORIZATION_USED_TOPIC = "0x98de503528ee59b575ef0c0a2576a82497bfc029a5685b209e9ec333479b10a5"
 AUTHORIZATION_CANCELED_TOPIC = "0x1cdd46ff242716cdaa72d159d339a485b3438398348d68f09d7c8c0a59353d81"
+# Permit2 (SignatureTransfer): nonceBitmap(address,uint256), UnorderedNonceInvalidation(owner,
+# word, mask); the token's Transfer; the upto proxy's two entry points, each to the word where its
+# permit begins (settleWithPermit's EIP-2612 permit comes first: 5 words).
+PERMIT2 = PERMIT2_ADDRESS.lower()
+NONCE_BITMAP_SELECTOR = keccak(text="nonceBitmap(address,uint256)")[:4].hex()
+UNORDERED_NONCE_INVALIDATION_TOPIC = "0x" + keccak(
+    text="UnorderedNonceInvalidation(address,uint256,uint256)").hex()
+TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
+_SETTLE_PERMIT_WORD = {
+    function_abi_to_4byte_selector(entry).hex(): 5 if entry["name"] == "settleWithPermit" else 0
+    for entry in (*X402_UPTO_PERMIT2_PROXY_ABI, *X402_UPTO_PERMIT2_PROXY_SETTLE_WITH_PERMIT_ABI)
+    if entry.get("type") == "function" and entry["name"] in ("settle", "settleWithPermit")
+}
 
 DEFAULT_LOG_LOOKBACK_BLOCKS = 10_000  # ~5.5 hours of Base's 2 s blocks; many RPCs cap ranges near it
 SIGNATURES_PAGE = 1_000  # getSignaturesForAddress's maximum page
@@ -261,18 +298,18 @@ async def probe(
     transaction; Solana: the signature, when `chain_ref` has none). `log_lookback_blocks` bounds
     the EVM log search for the transaction; `max_history_pages` bounds the Solana history search
     (pages of 1,000 signatures) before it answers `StillOpen` instead of concluding. `now`
-    (default: this machine's clock) lets an EIP-3009 authorization expire on a chain that makes
-    no new block: see `CLOCK_SKEW_SECONDS`.
+    (default: this machine's clock) lets an EIP-3009 authorization (a Permit2 permit) expire on a
+    chain that makes no new block: see `CLOCK_SKEW_SECONDS`.
     """
     if not isinstance(chain_ref, Mapping):
         raise InvalidChainRef("chain_ref must be an object")
     kind = chain_ref.get("kind")
-    if kind == "eip3009":
-        ref = _Eip3009Ref.parse(chain_ref)
+    if kind in ("eip3009", "permit2"):
+        ref = _evm_ref(chain_ref)
         hashes = [h for h in (tx_hash, chain_ref.get("tx_hash")) if h is not None]
         candidates = list(dict.fromkeys(_tx_hash(h) for h in hashes))
-        return await _probe_eip3009(ref, rpc, candidates, max(0, log_lookback_blocks),
-                                    time.time() if now is None else now)
+        return await _probe_evm(ref, rpc, candidates, max(0, log_lookback_blocks),
+                                time.time() if now is None else now)
     if kind == "svm":
         svm = _SvmRef.parse(chain_ref)
         signature = svm.signature
@@ -288,12 +325,49 @@ async def probe(
 # ---------------------------------------------------------------------- EVM
 
 
+class _EvmRef(Protocol):
+    """What the EVM probes need of a signed transfer, whichever contract keeps its nonce."""
+
+    what: str  # "authorization" or "permit", for reasons
+
+    @property
+    def expiry(self) -> str: ...  # "validBefore 123" / "deadline 123"
+
+    @property
+    def ends(self) -> int: ...  # the first block timestamp at which it can no longer move
+
+    @property
+    def named_time(self) -> int: ...  # the timestamp `expiry` names
+
+    @property
+    def open_note(self) -> str: ...  # "authorization unused and valid until 123"
+
+    @property
+    def settler(self) -> str | None: ...  # the only account that may submit it, if one
+
+    async def used(self, rpc: JsonRpc, block: int) -> bool: ...
+
+    async def find_use(self, rpc: JsonRpc, tx_hashes: list[str], block: int,
+                       lookback: int) -> Verdict: ...
+
+
+def _evm_ref(chain_ref: Mapping[str, Any]) -> _EvmRef:
+    kind = chain_ref.get("kind")
+    if kind == "eip3009":
+        return _Eip3009Ref.parse(chain_ref)
+    if kind == "permit2":
+        return _Permit2Ref.parse(chain_ref)
+    raise InvalidChainRef(f"not an EVM chain_ref (kind {kind!r})")
+
+
 @dataclass(frozen=True)
 class _Eip3009Ref:
     token: str  # lowercase 0x addresses and nonce
     authorizer: str
     valid_before: int
     nonce: str
+    what = "authorization"
+    settler = None  # anyone holding the signed authorization may submit it
 
     @classmethod
     def parse(cls, ref: Mapping[str, Any]) -> _Eip3009Ref:
@@ -312,47 +386,291 @@ class _Eip3009Ref:
 
     @property
     def authorizer_topic(self) -> str:
-        return "0x" + "00" * 12 + self.authorizer[2:]
+        return _topic(self.authorizer)
+
+    @property
+    def expiry(self) -> str:
+        return f"validBefore {self.valid_before}"
+
+    @property
+    def ends(self) -> int:
+        return self.valid_before  # transferWithAuthorization needs block.timestamp < validBefore
+
+    @property
+    def named_time(self) -> int:
+        return self.valid_before
+
+    @property
+    def open_note(self) -> str:
+        return f"authorization unused and valid until {self.valid_before}"
+
+    async def used(self, rpc: JsonRpc, block: int) -> bool:
+        data = "0x" + AUTHORIZATION_STATE_SELECTOR + self.authorizer_topic[2:] + self.nonce[2:]
+        answer = await rpc.call("eth_call", [{"to": self.token, "data": data}, hex(block)])
+        # Exactly one ABI word, 0 or 1: "0x" (no code at the token) or anything else is not an
+        # answer.
+        if not isinstance(answer, str) or not _BYTES32.fullmatch(answer) or int(answer, 16) > 1:
+            raise UnexpectedAnswer("eth_call authorizationState: not a bool")
+        return int(answer, 16) == 1
+
+    async def find_use(self, rpc: JsonRpc, tx_hashes: list[str], block: int,
+                       lookback: int) -> Verdict:
+        for tx_hash in tx_hashes:
+            if await _succeeded_with(rpc, tx_hash,
+                                     lambda log: self._event(log) == AUTHORIZATION_USED_TOPIC):
+                return Moved(tx_hash)
+        logs = await _logs(rpc, {
+            "address": self.token, **_window(block, lookback),
+            "topics": [[AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC],
+                       self.authorizer_topic, self.nonce],
+        })
+        events = [(self._event(log), log) for log in logs]
+        for topic, log in events:
+            if topic == AUTHORIZATION_USED_TOPIC:
+                return Moved(_tx_hash(log.get("transactionHash"), UnexpectedAnswer))
+        if any(topic == AUTHORIZATION_CANCELED_TOPIC for topic, _ in events):
+            return CannotMove("authorization canceled by its signer before it was used")
+        return Moved(None)  # used, by a transaction older than the searched blocks
+
+    def _event(self, log: Any) -> str | None:
+        """The topic of the token's AuthorizationUsed/Canceled log for this authorization."""
+        topics = _topics_of(log, self.token)
+        if topics is None or len(topics) != 3 or topics[1:] != [self.authorizer_topic, self.nonce]:
+            return None
+        return topics[0] if topics[0] in (AUTHORIZATION_USED_TOPIC,
+                                          AUTHORIZATION_CANCELED_TOPIC) else None
+
+
+@dataclass(frozen=True)
+class _Permit2Ref:
+    """An `upto` payment: a Permit2 witness transfer through the upto proxy (`spender`), which
+    only `facilitator` may submit (the proxy checks msg.sender against the signed witness)."""
+
+    token: str  # lowercase 0x addresses
+    owner: str
+    spender: str
+    to: str
+    facilitator: str
+    nonce: int
+    deadline: int
+    what = "permit"
+
+    @classmethod
+    def parse(cls, ref: Mapping[str, Any]) -> _Permit2Ref:
+        for name in ("max", "valid_after"):  # not needed to probe, but part of a sound ref
+            _uint(ref.get(name), name)
+        nonce = _uint(ref.get("nonce"), "nonce")
+        if nonce >= 2**256:
+            raise InvalidChainRef("chain_ref's nonce is not a uint256")
+        return cls(
+            token=_address(ref.get("token"), "token"),
+            owner=_address(ref.get("owner"), "owner"),
+            spender=_address(ref.get("spender"), "spender"),
+            to=_address(ref.get("to"), "to"),
+            facilitator=_address(ref.get("facilitator"), "facilitator"),
+            nonce=nonce,
+            deadline=_uint(ref.get("deadline"), "deadline"),
+        )
+
+    @property
+    def settler(self) -> str:
+        return self.facilitator
+
+    @property
+    def word(self) -> int:
+        return self.nonce >> 8  # Permit2's bitmapPositions: the word, then the bit within it
+
+    @property
+    def bit(self) -> int:
+        return 1 << (self.nonce & 0xFF)
+
+    @property
+    def expiry(self) -> str:
+        return f"deadline {self.deadline}"
+
+    @property
+    def ends(self) -> int:
+        return self.deadline + 1  # Permit2 reverts only when block.timestamp > deadline
+
+    @property
+    def named_time(self) -> int:
+        return self.deadline
+
+    @property
+    def open_note(self) -> str:
+        return f"permit unused and valid through its deadline {self.deadline}"
+
+    async def used(self, rpc: JsonRpc, block: int) -> bool:
+        """Whether the owner's nonce is spent in Permit2's bitmap (by a use or an invalidation)."""
+        data = ("0x" + NONCE_BITMAP_SELECTOR + _topic(self.owner)[2:]
+                + f"{self.word:064x}")
+        answer = await rpc.call("eth_call", [{"to": PERMIT2, "data": data}, hex(block)])
+        # One ABI word: "0x" (no Permit2 on this chain) or anything else is not an answer.
+        if not isinstance(answer, str) or not _BYTES32.fullmatch(answer):
+            raise UnexpectedAnswer("eth_call nonceBitmap: not a uint256 (is Permit2 deployed?)")
+        return int(answer, 16) & self.bit != 0
+
+    async def find_use(self, rpc: JsonRpc, tx_hashes: list[str], block: int,
+                       lookback: int) -> Verdict:
+        """The nonce is spent: by our settlement (the transaction), or by its owner's
+        `invalidateUnorderedNonces` before any settlement used it (nothing moved, nothing can)."""
+        for tx_hash in tx_hashes:  # (a proxy call settling another permit is not this one's)
+            if (await _succeeded_with(rpc, tx_hash, self._pays)
+                    and await self._settles(rpc, tx_hash) is not False):
+                return Moved(tx_hash)
+        window = _window(block, lookback)
+        found, unknown = await self._search_settlement(rpc, window)
+        if found is not None:
+            return Moved(found)
+        return await self._invalidated_unused(rpc, window, unknown)
+
+    async def _search_settlement(self, rpc: JsonRpc, window: dict[str, str]
+                                 ) -> tuple[str | None, list[Any]]:
+        """This permit's settlement among the window's transfers from `owner` to `to` (newest
+        first: the likely one is recent), and the transfers that may be it (None: cannot tell)."""
+        transfers = await _logs(rpc, {"address": self.token, **window, "topics": [
+            TRANSFER_TOPIC, _topic(self.owner), _topic(self.to)]})
+        unknown = []
+        for log in reversed([log for log in transfers if self._pays(log)]):
+            tx_hash = _tx_hash(log.get("transactionHash"), UnexpectedAnswer)
+            ours = await self._settles(rpc, tx_hash)
+            if ours:
+                return tx_hash, []
+            if ours is None:
+                unknown.append(log)
+        return None, unknown
+
+    async def _invalidated_unused(self, rpc: JsonRpc, window: dict[str, str],
+                                  unknown: list[Any]) -> Verdict:
+        """CannotMove when the owner's invalidation spent the bit, else Moved(None): a use the
+        search did not find (older, or not a direct call of the proxy)."""
+        invalidations = [log for log in await _logs(rpc, {"address": PERMIT2, **window, "topics": [
+            UNORDERED_NONCE_INVALIDATION_TOPIC, _topic(self.owner)]}) if self._invalidates(log)]
+        if not invalidations:
+            return Moved(None)
+        first = min(_position(log) for log in invalidations)
+        if first[0] == 0 or await self.used(rpc, first[0] - 1):
+            return Moved(None)  # spent before the first invalidation the search found
+        # Unset until that block: a use could only come before the invalidation within it (later,
+        # Permit2 refuses the spent nonce), and every use pays `to` from `owner`.
+        if any(_position(log)[0] == first[0] and _position(log) < first for log in unknown):
+            return Moved(None)  # a transfer to the payee just before it may have been the use
+        return CannotMove(f"permit nonce invalidated by its owner (Permit2 "
+                          f"UnorderedNonceInvalidation, block {first[0]}) before it was used")
+
+    def _pays(self, log: Any) -> bool:
+        """The token's Transfer(owner -> to): what every use of this permit logs (the proxy
+        refuses a zero amount)."""
+        topics = _topics_of(log, self.token)
+        return topics == [TRANSFER_TOPIC, _topic(self.owner), _topic(self.to)]
+
+    def _invalidates(self, log: Any) -> bool:
+        topics = _topics_of(log, PERMIT2)
+        if topics != [UNORDERED_NONCE_INVALIDATION_TOPIC, _topic(self.owner)]:
+            return False
+        data = log.get("data")
+        if not isinstance(data, str) or not re.fullmatch(r"0x[0-9a-fA-F]{128}", data):
+            raise UnexpectedAnswer("eth_getLogs: an UnorderedNonceInvalidation without (word, mask)")
+        return int(data[2:66], 16) == self.word and int(data[66:], 16) & self.bit != 0
+
+    async def _settles(self, rpc: JsonRpc, tx_hash: str) -> bool | None:
+        """Whether a mined transaction is the proxy's settlement of this permit (True), of
+        another (False), or not a direct call of the proxy (None: cannot tell)."""
+        tx = await rpc.call("eth_getTransactionByHash", [tx_hash])
+        if not isinstance(tx, dict) or not isinstance(tx.get("input"), str):
+            raise UnexpectedAnswer("eth_getTransactionByHash: not the mined transaction")
+        data = tx["input"]
+        skip = _SETTLE_PERMIT_WORD.get(data[2:10].lower())
+        if str(tx.get("to") or "").lower() != self.spender or skip is None:
+            return None
+        words = [data[10 + 64 * i: 74 + 64 * i] for i in range(skip, skip + 6)]
+        if not all(_HEX64.fullmatch(word) for word in words):
+            return None
+        # permit ((token, amount), nonce, deadline), amount, owner
+        return int(words[2], 16) == self.nonce and int(words[5], 16) == int(self.owner, 16)
+
+
+async def _succeeded_with(rpc: JsonRpc, tx_hash: str, holds: Callable[[Any], bool]) -> bool:
+    """Whether the transaction is mined, succeeded, and logged something that `holds`."""
+    receipt = await rpc.call("eth_getTransactionReceipt", [tx_hash])
+    if receipt is None:
+        return False
+    if not isinstance(receipt, dict) or not isinstance(receipt.get("logs"), list):
+        raise UnexpectedAnswer("eth_getTransactionReceipt: not a receipt")
+    succeeded = _quantity(receipt.get("status"), "receipt status") == 1
+    return succeeded and any(holds(log) for log in receipt["logs"])
+
+
+async def _logs(rpc: JsonRpc, query: dict[str, Any]) -> list[Any]:
+    logs = await rpc.call("eth_getLogs", [query])
+    if not isinstance(logs, list):
+        raise UnexpectedAnswer("eth_getLogs: not a list of logs")
+    return logs
+
+
+def _window(block: int, lookback: int) -> dict[str, str]:
+    return {"fromBlock": hex(max(0, block - lookback)), "toBlock": hex(block)}
+
+
+def _topics_of(log: Any, address: str) -> list[str] | None:
+    """A log's topics (lower case) when `address` emitted it and it was not removed."""
+    if not isinstance(log, dict) or log.get("removed") is True:
+        return None
+    topics = log.get("topics")
+    if str(log.get("address", "")).lower() != address or not isinstance(topics, list):
+        return None
+    return [str(t).lower() for t in topics]
+
+
+def _position(log: Mapping[str, Any]) -> tuple[int, int]:
+    return (_quantity(log.get("blockNumber"), "log blockNumber"),
+            _quantity(log.get("logIndex"), "log logIndex"))
+
+
+def _topic(address: str) -> str:
+    return "0x" + "00" * 12 + address[2:]
 
 
 # A quiet chain makes no block, so its head's timestamp never reaches an authorization's
-# validBefore. The next block that could include it will be stamped with the time it is made:
-# once this machine's clock is past validBefore by more than any plausible difference between
-# the clocks (Base's sequencer and validators keep to real time within seconds), no block can
-# take it. An unused authorization is then as good as expired.
+# validBefore (a permit's deadline). The next block that could include it will be stamped with
+# the time it is made: once this machine's clock is past that time by more than any plausible
+# difference between the clocks (Base's sequencer and validators keep to real time within
+# seconds), no block can take it. An unused authorization is then as good as expired.
 CLOCK_SKEW_SECONDS = 120
 
 
-async def _probe_eip3009(ref: _Eip3009Ref, rpc: JsonRpc, tx_hashes: list[str], lookback: int,
-                         now: float) -> Verdict:
+async def _probe_evm(ref: _EvmRef, rpc: JsonRpc, tx_hashes: list[str], lookback: int,
+                     now: float) -> Verdict:
     # After the timestamp, and at its block: see the module's docstring.
     block, timestamp, final = await _used_or_expired(rpc, ref, tx_hashes, lookback)
     if final is not None:
         return final
-    if now >= ref.valid_before + CLOCK_SKEW_SECONDS:
-        return CannotMove(f"authorization expired unused (validBefore {ref.valid_before}; the "
-                          f"clock is {now - ref.valid_before:.0f} s past it, block {block} at "
-                          f"{timestamp})")
-    notes = [await _receipt_note(rpc, ref, h, block) for h in tx_hashes]
-    return StillOpen("; ".join([f"authorization unused and valid until {ref.valid_before} "
-                                f"(block {block} at {timestamp})", *notes]))
+    if now >= ref.ends + CLOCK_SKEW_SECONDS:
+        return CannotMove(f"{ref.what} expired unused ({ref.expiry}; the clock is "
+                          f"{now - ref.named_time:.0f} s past it, block {block} at {timestamp})")
+    notes = [await _receipt_note(rpc, h, block) for h in tx_hashes]
+    return StillOpen("; ".join([f"{ref.open_note} (block {block} at {timestamp})", *notes]))
 
 
 async def probe_our_sends(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender: str, *,
                           tx_hashes: Sequence[str] = (),
                           log_lookback_blocks: int = DEFAULT_LOG_LOOKBACK_BLOCKS) -> Verdict:
-    """Can any transaction of ours still move this EIP-3009 authorization? (see the module's
-    docstring). `sender`: the in-process facilitator's address; `tx_hashes`: the transactions the
-    settlement named (its ledger row's). The caller holds the key's send lock, and no settlement
-    of this payment can begin a send any more. Answers `Moved` (it was used after all),
-    `CannotMove` (proven), `Draining` (provable once the key's nonce reaches `nonce`: ask
-    `probe_nonce_reached` later, without the lock) or `StillOpen` (not provable before it
+    """Can any transaction of ours still move this EIP-3009 authorization or Permit2 permit? (see
+    the module's docstring). `sender`: the in-process facilitator's address; `tx_hashes`: the
+    transactions the settlement named (its ledger row's). The caller holds the key's send lock,
+    and no settlement of this payment can begin a send any more. Answers `Moved` (it was used
+    after all), `CannotMove` (proven), `Draining` (provable once the key's nonce reaches `nonce`:
+    ask `probe_nonce_reached` later, without the lock) or `StillOpen` (not provable before it
     expires)."""
     ref, block, verdict = await _unused_authorization(chain_ref, rpc, tx_hashes,
                                                       log_lookback_blocks)
     if verdict is not None:
         return verdict
     key = _address(sender, "sender")
+    if ref.settler not in (None, key):
+        return StillOpen(f"the permit names facilitator {ref.settler}, not this key {key}: only "
+                         f"that account can settle it, so nothing is provable before its "
+                         f"{ref.expiry}")
     mined = await _nonce(rpc, key, hex(block))
     need = max(mined, await _nonce(rpc, key, "pending"))
     for tx_hash in tx_hashes:
@@ -360,8 +678,7 @@ async def probe_our_sends(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender: st
         if tx is None:
             return StillOpen(f"transaction {tx_hash} of this settlement is unknown to the node "
                              "(dropped, or never taken): whoever holds it could still send it while "
-                             f"its nonce is free, so nothing is provable before validBefore "
-                             f"{ref.valid_before}")
+                             f"its nonce is free, so nothing is provable before its {ref.expiry}")
         if not isinstance(tx, dict):
             raise UnexpectedAnswer("eth_getTransactionByHash: not a transaction")
         mined_in = tx.get("blockNumber")
@@ -372,10 +689,10 @@ async def probe_our_sends(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender: st
                              f"{tx.get('from')} (not {key}), is not mined at block {block}")
         need = max(need, _quantity(tx.get("nonce"), "transaction nonce") + 1)
     if mined >= need:
-        return CannotMove(f"authorization unused at block {block}, and nothing from the "
+        return CannotMove(f"{ref.what} unused at block {block}, and nothing from the "
                           f"facilitator's key {key} waits in the node's pool (nonce {mined}): no "
                           "transaction of ours carries it, and no settlement can still send one")
-    return Draining(f"authorization unused at block {block}; {need - mined} transaction(s) of "
+    return Draining(f"{ref.what} unused at block {block}; {need - mined} transaction(s) of "
                     f"the facilitator's key {key} wait in the node's pool (nonce {mined} mined): "
                     f"provable once its nonce reaches {need}", nonce=need)
 
@@ -385,7 +702,7 @@ async def probe_nonce_reached(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender
                               log_lookback_blocks: int = DEFAULT_LOG_LOOKBACK_BLOCKS) -> Verdict:
     """After `probe_our_sends` answered `Draining(nonce)`, and if no settlement of the payment
     began since (the caller checks its ledger row): `CannotMove` once the key's mined nonce
-    reached `nonce` with the authorization still unused; `Moved` if it was used; else
+    reached `nonce` with the authorization (permit) still unused; `Moved` if it was used; else
     `Draining` again."""
     ref, block, verdict = await _unused_authorization(chain_ref, rpc, (), log_lookback_blocks)
     if verdict is not None:
@@ -393,27 +710,27 @@ async def probe_nonce_reached(chain_ref: Mapping[str, Any], rpc: JsonRpc, sender
     key = _address(sender, "sender")
     mined = await _nonce(rpc, key, hex(block))
     if mined >= nonce:
-        return CannotMove(f"authorization unused at block {block}, and the facilitator's key "
+        return CannotMove(f"{ref.what} unused at block {block}, and the facilitator's key "
                           f"{key} reached nonce {mined} >= {nonce}: every transaction of that key "
                           "the node held when the reconciler looked is mined, none used it, and no "
                           "settlement can still send one")
-    return Draining(f"authorization unused at block {block}; the facilitator's key {key} is at "
+    return Draining(f"{ref.what} unused at block {block}; the facilitator's key {key} is at "
                     f"nonce {mined} of {nonce}", nonce=nonce)
 
 
 async def _unused_authorization(chain_ref: Mapping[str, Any], rpc: JsonRpc,
                                 tx_hashes: Sequence[str], lookback: int
-                                ) -> tuple[_Eip3009Ref, int, Verdict | None]:
+                                ) -> tuple[_EvmRef, int, Verdict | None]:
     """The head block, and a final verdict if the authorization was used or expired there."""
-    if not isinstance(chain_ref, Mapping) or chain_ref.get("kind") != "eip3009":
-        raise InvalidChainRef("not an EIP-3009 chain_ref")
-    ref = _Eip3009Ref.parse(chain_ref)
+    if not isinstance(chain_ref, Mapping):
+        raise InvalidChainRef("chain_ref must be an object")
+    ref = _evm_ref(chain_ref)
     candidates = list(dict.fromkeys(_tx_hash(h) for h in tx_hashes))
     block, _, final = await _used_or_expired(rpc, ref, candidates, max(0, lookback))
     return ref, block, final
 
 
-async def _used_or_expired(rpc: JsonRpc, ref: _Eip3009Ref, tx_hashes: Sequence[str],
+async def _used_or_expired(rpc: JsonRpc, ref: _EvmRef, tx_hashes: Sequence[str],
                            lookback: int) -> tuple[int, int, Verdict | None]:
     """The head block and its timestamp, and a final verdict if the authorization was used (the
     transaction that used it) or expired unused there."""
@@ -422,11 +739,11 @@ async def _used_or_expired(rpc: JsonRpc, ref: _Eip3009Ref, tx_hashes: Sequence[s
         raise UnexpectedAnswer("eth_getBlockByNumber: no latest block")
     block = _quantity(head.get("number"), "eth_getBlockByNumber number")
     timestamp = _quantity(head.get("timestamp"), "eth_getBlockByNumber timestamp")
-    if await _authorization_used(rpc, ref, block):
-        return block, timestamp, await _find_use(rpc, ref, list(tx_hashes), block, lookback)
-    if timestamp >= ref.valid_before:
-        return block, timestamp, CannotMove(f"authorization expired unused (validBefore "
-                                            f"{ref.valid_before}, block {block} at {timestamp})")
+    if await ref.used(rpc, block):
+        return block, timestamp, await ref.find_use(rpc, list(tx_hashes), block, lookback)
+    if timestamp >= ref.ends:
+        return block, timestamp, CannotMove(f"{ref.what} expired unused ({ref.expiry}, block "
+                                            f"{block} at {timestamp})")
     return block, timestamp, None
 
 
@@ -435,58 +752,7 @@ async def _nonce(rpc: JsonRpc, address: str, block: str) -> int:
                      "eth_getTransactionCount")
 
 
-async def _authorization_used(rpc: JsonRpc, ref: _Eip3009Ref, block: int) -> bool:
-    data = "0x" + AUTHORIZATION_STATE_SELECTOR + ref.authorizer_topic[2:] + ref.nonce[2:]
-    answer = await rpc.call("eth_call", [{"to": ref.token, "data": data}, hex(block)])
-    # Exactly one ABI word, 0 or 1: "0x" (no code at the token) or anything else is not an answer.
-    if not isinstance(answer, str) or not _BYTES32.fullmatch(answer) or int(answer, 16) > 1:
-        raise UnexpectedAnswer("eth_call authorizationState: not a bool")
-    return int(answer, 16) == 1
-
-
-async def _find_use(rpc: JsonRpc, ref: _Eip3009Ref, tx_hashes: list[str], block: int,
-                    lookback: int) -> Verdict:
-    for tx_hash in tx_hashes:
-        receipt = await rpc.call("eth_getTransactionReceipt", [tx_hash])
-        if receipt is None:
-            continue
-        if not isinstance(receipt, dict) or not isinstance(receipt.get("logs"), list):
-            raise UnexpectedAnswer("eth_getTransactionReceipt: not a receipt")
-        succeeded = _quantity(receipt.get("status"), "receipt status") == 1
-        if succeeded and any(_event(log, ref) == AUTHORIZATION_USED_TOPIC for log in receipt["logs"]):
-            return Moved(tx_hash)
-    logs = await rpc.call("eth_getLogs", [{
-        "address": ref.token,
-        "fromBlock": hex(max(0, block - lookback)),
-        "toBlock": hex(block),
-        "topics": [[AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC], ref.authorizer_topic,
-                   ref.nonce],
-    }])
-    if not isinstance(logs, list):
-        raise UnexpectedAnswer("eth_getLogs: not a list of logs")
-    events = [(_event(log, ref), log) for log in logs]
-    for topic, log in events:
-        if topic == AUTHORIZATION_USED_TOPIC:
-            return Moved(_tx_hash(log.get("transactionHash"), UnexpectedAnswer))
-    if any(topic == AUTHORIZATION_CANCELED_TOPIC for topic, _ in events):
-        return CannotMove("authorization canceled by its signer before it was used")
-    return Moved(None)  # used, by a transaction older than the searched blocks
-
-
-def _event(log: Any, ref: _Eip3009Ref) -> str | None:
-    """The topic of the token's AuthorizationUsed/Canceled log for this authorization, else None."""
-    if not isinstance(log, dict) or log.get("removed") is True:
-        return None
-    topics = log.get("topics")
-    if str(log.get("address", "")).lower() != ref.token or not isinstance(topics, list):
-        return None
-    topics = [str(t).lower() for t in topics]
-    if len(topics) != 3 or topics[1:] != [ref.authorizer_topic, ref.nonce]:
-        return None
-    return topics[0] if topics[0] in (AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC) else None
-
-
-async def _receipt_note(rpc: JsonRpc, ref: _Eip3009Ref, tx_hash: str, block: int) -> str:
+async def _receipt_note(rpc: JsonRpc, tx_hash: str, block: int) -> str:
     """What the known transaction did, for a StillOpen reason."""
     receipt = await rpc.call("eth_getTransactionReceipt", [tx_hash])
     if receipt is None:

@@ -25,7 +25,9 @@ from x402 import x402FacilitatorSync
 from x402.http import FacilitatorConfig
 from x402.http.extension_responses import extract_extension_responses_header
 from x402.http.facilitator_client_base import HTTPFacilitatorClientBase
+from x402.mechanisms.evm.constants import PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS
 from x402.mechanisms.evm.exact import register_exact_evm_facilitator
+from x402.mechanisms.evm.upto import UptoEvmFacilitatorScheme, UptoEvmSchemeConfig
 from x402.mechanisms.svm.exact import register_exact_svm_facilitator
 from x402.schemas import (
     PaymentPayload,
@@ -85,11 +87,27 @@ def in_process_facilitator(
         # broadcast, instead of reverting on chain at the facilitator's gas cost.
         register_exact_evm_facilitator(facilitator, evm_signer, networks=evm,
                                        simulate_in_settle=True)
+        if upto_contracts_deployed(evm_signer):
+            facilitator.register(evm, UptoEvmFacilitatorScheme(
+                evm_signer, UptoEvmSchemeConfig(simulate_in_settle=True)))
     if svm:
         if svm_signer is None:
             raise ValueError("a Solana network is configured but no Solana facilitator signer")
         register_exact_svm_facilitator(facilitator, svm_signer, networks=svm)
     return ThreadedFacilitator(facilitator, workers, evm_signer=evm_signer, svm_signer=svm_signer)
+
+
+def upto_contracts_deployed(evm_signer: Any) -> bool:
+    """Whether the chain has what `upto` settles through (Permit2 and the x402 upto Permit2
+    proxy, at their canonical addresses): offered only then. Asked once, at startup; a node that
+    cannot be asked leaves upto off until the next start (exact is unaffected)."""
+    try:
+        return all(evm_signer.get_code(address) for address in
+                   (PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS))
+    except Exception as exc:  # noqa: BLE001 - a node down at startup: exact only, said once
+        log.warning("could not ask the EVM node whether upto's contracts are deployed (%s); "
+                    "upto is not offered until the next start", type(exc).__name__)
+        return False
 
 
 def rpc_signers(

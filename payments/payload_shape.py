@@ -12,6 +12,8 @@ import binascii
 import re
 from typing import Any
 
+from x402.mechanisms.evm.constants import SCHEME_UPTO
+
 from .networks import lookup_network
 
 INVALID_PAYLOAD = "invalid_payload"
@@ -24,11 +26,13 @@ _UINT256 = re.compile(r"[0-9]{1,78}")
 MAX_SOLANA_TRANSACTION_BYTES = 1232  # a Solana packet's payload
 
 
-def payload_problem(network: str, payload: Any) -> str | None:
-    """Why `payload` (the scheme-specific part of an `exact` PaymentPayload) cannot be a payment
+def payload_problem(scheme: str, network: str, payload: Any) -> str | None:
+    """Why `payload` (the scheme-specific part of a PaymentPayload) cannot be a `scheme` payment
     on `network`, or None when it is well formed."""
     if not isinstance(payload, dict):
         return "the payment's payload must be an object"
+    if scheme == SCHEME_UPTO:
+        return _permit2_problem(payload)
     if lookup_network(network).family == "evm":
         return _eip3009_problem(payload)
     return _solana_problem(payload)
@@ -42,12 +46,52 @@ def _eip3009_problem(payload: dict[str, Any]) -> str | None:
         if not _matches(_ADDRESS, auth.get(name)):
             return f"payload.authorization.{name} must be an address (0x + 40 hex digits)"
     for name in ("value", "validAfter", "validBefore"):
-        value = auth.get(name)
-        if not (_matches(_UINT256, value) or (isinstance(value, int) and not isinstance(value, bool)
-                                              and 0 <= value < 2**256)):
-            return f"payload.authorization.{name} must be a whole number (decimal digits)"
+        if not _is_uint256(auth.get(name)):
+            return f"payload.authorization.{name} {_UINT256_RULE}"
     if not _matches(_NONCE, auth.get("nonce")):
         return "payload.authorization.nonce must be 32 bytes (0x + 64 hex digits)"
+    return _signature_problem(payload)
+
+
+# An `upto` payload: a Permit2 PermitWitnessTransferFrom (x402.mechanisms.evm.types
+# UptoPermit2Payload), each field as the SDK's facilitator reads it (`int(...)`, addresses).
+_PERMIT2_FIELDS: tuple[tuple[str, ...], ...] = (
+    ("from",), ("permitted", "token"), ("permitted", "amount"), ("spender",), ("nonce",),
+    ("deadline",), ("witness", "to"), ("witness", "facilitator"), ("witness", "validAfter"))
+_PERMIT2_ADDRESSES = frozenset({"from", "token", "spender", "to", "facilitator"})
+
+
+def _permit2_problem(payload: dict[str, Any]) -> str | None:
+    auth = payload.get("permit2Authorization")
+    where = "payload.permit2Authorization"
+    if not isinstance(auth, dict):
+        return f"{where} must be a Permit2 PermitWitnessTransferFrom object (the upto scheme's)"
+    for path in _PERMIT2_FIELDS:
+        parent, name = auth, path[-1]
+        for step in path[:-1]:
+            parent = parent.get(step)
+            if not isinstance(parent, dict):
+                return f"{where}.{step} must be an object"
+        field = ".".join((where, *path))
+        if name in _PERMIT2_ADDRESSES:
+            if not _matches(_ADDRESS, parent.get(name)):
+                return f"{field} must be an address (0x + 40 hex digits)"
+        elif not _is_uint256(parent.get(name)):
+            return f"{field} {_UINT256_RULE}"
+    return _signature_problem(payload)
+
+
+_UINT256_RULE = "must be a whole number below 2**256 (decimal digits)"
+
+
+def _is_uint256(value: Any) -> bool:
+    """A uint256 as the SDK reads it with int(): decimal digits (or a JSON integer) in range."""
+    if isinstance(value, str):
+        return _UINT256.fullmatch(value) is not None and int(value) < 2**256
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**256
+
+
+def _signature_problem(payload: dict[str, Any]) -> str | None:
     if not _matches(_SIGNATURE, payload.get("signature")):
         return "payload.signature must be a hex signature (0x + at least 65 bytes)"
     return None

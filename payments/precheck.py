@@ -26,6 +26,22 @@ Solana (SPL TransferChecked):
   it (the SDK answers `transaction_simulation_failed` after its simulation; so does this).
 The blockhash's age is not known without the chain: not checked.
 
+EVM `upto` (a Permit2 PermitWitnessTransferFrom through the x402 upto proxy), in the order of the
+SDK's `verify_upto_permit2`, with its reasons:
+- spender is not the upto proxy (`invalid_permit2_spender`): Permit2 lets only the spender pull;
+- witness.to is not the quote's payTo (`invalid_permit2_recipient_mismatch`);
+- witness.facilitator is not the quote's extra.facilitatorAddress (`upto_facilitator_mismatch`):
+  the proxy takes the settlement only from that address. (A facilitator holding several keys
+  would take any of its own; a client that accepted this quote and signed another signed other
+  terms than it accepted.)
+- deadline is less than now + 6 s (`permit2_deadline_expired`), validAfter is in the future
+  (`permit2_not_yet_valid`);
+- permitted.amount is not the quoted maximum (`permit2_amount_mismatch`), permitted.token is not
+  the quoted asset (`permit2_token_mismatch`).
+As for EIP-3009, a signature that does not recover to `from` is left to the facilitator (it asks
+the chain for code at `from`). The upto proxy also refuses a zero settlement and one above the
+maximum: the amount settled is the gateway's own (at most the quote), never the payer's.
+
 `proven_payer` says whether a payload proves who signed it (used to charge a payer's
 refused-payment budget, payments/rate_limits.py, only for payments its key signed).
 """
@@ -38,6 +54,9 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from eth_abi.exceptions import EncodingError
+from eth_account.messages import encode_typed_data
+from eth_utils import keccak
 from solders.transaction import VersionedTransaction
 from x402.mechanisms.evm import constants as evm
 from x402.mechanisms.evm.eip712 import hash_eip3009_authorization
@@ -52,8 +71,11 @@ from x402.schemas import PaymentRequirements, VerifyResponse
 from .networks import lookup_network
 
 VALID_BEFORE_MARGIN_SECONDS = 6  # the SDK's: validBefore must be at least this far ahead
+DEADLINE_MARGIN_SECONDS = evm.PERMIT2_DEADLINE_BUFFER  # the same for a Permit2 deadline
 
 wall_clock: Callable[[], float] = time.time  # the facilitator's clock is a wall clock too
+# A payload these checks cannot read (e.g. a value out of an EIP-712 type's range): no verdict.
+_UNREADABLE = (ValueError, IndexError, KeyError, TypeError, EncodingError)
 
 
 def local_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
@@ -62,10 +84,12 @@ def local_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
     give (`is_valid=False`, the SDK's reason, a message naming the field), or None."""
     moment = int(wall_clock() if now is None else now)
     try:
+        if requirement.scheme == evm.SCHEME_UPTO:
+            return _permit2_refusal(payload, requirement, moment)
         if lookup_network(requirement.network).family == "evm":
             return _eip3009_refusal(payload, requirement, moment)
         return _solana_refusal(payload, requirement)
-    except (ValueError, IndexError, KeyError, TypeError):  # not provable here: the facilitator says
+    except _UNREADABLE:  # not provable here: the facilitator says
         return None
 
 
@@ -101,6 +125,43 @@ def _eip3009_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
     return None
 
 
+def _permit2_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
+                     now: int) -> VerifyResponse | None:
+    auth = payload["permit2Authorization"]
+    witness, permitted, payer = auth["witness"], auth["permitted"], str(auth["from"])
+    where = "payload.permit2Authorization"
+    if not _same_address(auth["spender"], evm.X402_UPTO_PERMIT2_PROXY_ADDRESS):
+        return _refused(evm.ERR_PERMIT2_INVALID_SPENDER, f"{where}.spender is {auth['spender']}, "
+                        "not the x402 upto Permit2 proxy "
+                        f"{evm.X402_UPTO_PERMIT2_PROXY_ADDRESS}; sign the quoted terms", payer)
+    if not _same_address(witness["to"], requirement.pay_to):
+        return _refused(evm.ERR_PERMIT2_RECIPIENT_MISMATCH, f"{where}.witness.to is not the "
+                        f"quote's payTo {requirement.pay_to}; sign the quoted terms", payer)
+    facilitator = (requirement.extra or {}).get("facilitatorAddress")
+    if facilitator is not None and not _same_address(witness["facilitator"], facilitator):
+        return _refused(evm.ERR_UPTO_FACILITATOR_MISMATCH, f"{where}.witness.facilitator is not "
+                        f"the quote's extra.facilitatorAddress {facilitator}: only that address "
+                        "can settle it; sign the quoted terms", payer)
+    if int(auth["deadline"]) < now + DEADLINE_MARGIN_SECONDS:
+        return _refused(evm.ERR_PERMIT2_DEADLINE_EXPIRED, f"{where}.deadline has passed (or is "
+                        f"less than {DEADLINE_MARGIN_SECONDS} s away); sign a new payment", payer)
+    if int(witness["validAfter"]) > now:
+        return _refused(evm.ERR_PERMIT2_NOT_YET_VALID, f"{where}.witness.validAfter is in the "
+                        "future; sign a payment valid now", payer)
+    if int(permitted["amount"]) != int(requirement.amount):
+        return _refused(evm.ERR_PERMIT2_AMOUNT_MISMATCH, f"{where}.permitted.amount is "
+                        f"{permitted['amount']}, the quoted maximum is {requirement.amount}; sign "
+                        "the quoted maximum (only what the call uses is settled)", payer)
+    if not _same_address(permitted["token"], requirement.asset):
+        return _refused(evm.ERR_PERMIT2_TOKEN_MISMATCH, f"{where}.permitted.token is not the "
+                        f"quote's asset {requirement.asset}; sign the quoted terms", payer)
+    return None
+
+
+def _same_address(a: Any, b: Any) -> bool:
+    return str(a).lower() == str(b).lower()
+
+
 def _solana_refusal(payload: dict[str, Any], requirement: PaymentRequirements
                     ) -> VerifyResponse | None:
     tx = VersionedTransaction.from_bytes(base64.b64decode(payload["transaction"]))
@@ -125,10 +186,13 @@ def _solana_refusal(payload: dict[str, Any], requirement: PaymentRequirements
 
 def proven_payer(payload: dict[str, Any], requirement: PaymentRequirements) -> str | None:
     """The payer (normalized as the ledger keeps it) when the payload proves that its key signed
-    it, else None: EVM, a 65-byte signature of the EIP-3009 authorization that recovers to
-    `from` (a smart wallet's signature proves nothing here); Solana, the transfer's authority
-    signed the transaction and every signature the client placed verifies."""
+    it, else None: EVM, a 65-byte signature of the EIP-3009 authorization (`upto`: of the Permit2
+    typed data) that recovers to `from` (a smart wallet's signature proves nothing here); Solana,
+    the transfer's authority signed the transaction and every signature the client placed
+    verifies."""
     try:
+        if requirement.scheme == evm.SCHEME_UPTO:
+            return _permit2_signer(payload, requirement)
         if lookup_network(requirement.network).family == "evm":
             return _eip3009_signer(payload, requirement)
         tx = VersionedTransaction.from_bytes(base64.b64decode(payload["transaction"]))
@@ -140,7 +204,7 @@ def proven_payer(payload: dict[str, Any], requirement: PaymentRequirements) -> s
         if info.payer in signers[1:] and all(results):
             return info.payer
         return None
-    except (ValueError, IndexError, KeyError, TypeError):
+    except _UNREADABLE:
         return None
 
 
@@ -158,6 +222,31 @@ def _eip3009_signer(payload: dict[str, Any], requirement: PaymentRequirements) -
                                         requirement.asset, extra["name"], extra["version"])
     if verify_eoa_signature(digest, signature, authorization.from_address):
         return authorization.from_address.lower()
+    return None
+
+
+def _permit2_signer(payload: dict[str, Any], requirement: PaymentRequirements) -> str | None:
+    """`from`, when a 65-byte signature of the Permit2 typed data recovers to it: the digest
+    Permit2 checks (its EIP-712 domain: name "Permit2", the chain id, its address), as the SDK's
+    facilitator builds it from the same fields."""
+    auth = payload["permit2Authorization"]
+    signature = bytes.fromhex(str(payload["signature"])[2:])
+    if len(signature) != 65:
+        return None
+    witness, permitted = auth["witness"], auth["permitted"]
+    message = {
+        "permitted": {"token": permitted["token"], "amount": int(permitted["amount"])},
+        "spender": auth["spender"], "nonce": int(auth["nonce"]), "deadline": int(auth["deadline"]),
+        "witness": {"to": witness["to"], "facilitator": witness["facilitator"],
+                    "validAfter": int(witness["validAfter"])},
+    }
+    domain = {"name": "Permit2", "chainId": get_evm_chain_id(requirement.network),
+              "verifyingContract": evm.PERMIT2_ADDRESS}
+    typed = encode_typed_data(domain_data=domain, message_types=evm.UPTO_PERMIT2_WITNESS_TYPES,
+                              message_data=message)
+    digest = keccak(b"\x19" + typed.version + typed.header + typed.body)  # EIP-191 version 1
+    if verify_eoa_signature(digest, signature, str(auth["from"])):
+        return str(auth["from"]).lower()
     return None
 
 

@@ -32,7 +32,9 @@ from x402.extensions.payment_identifier import (
     extract_payment_identifier,
     is_valid_payment_id,
 )
+from x402.mechanisms.evm.constants import SCHEME_UPTO
 from x402.mechanisms.evm.exact import ExactEvmServerScheme
+from x402.mechanisms.evm.upto import UptoEvmServerScheme
 from x402.mechanisms.svm.exact import ExactSvmServerScheme
 from x402.mechanisms.svm.utils import extract_transaction_info
 from x402.schemas import (
@@ -158,13 +160,18 @@ class PaymentProcessor:
         # An in-process facilitator's sends are seen by our signers (payments/broadcast_trace.py).
         self.traces_broadcasts = isinstance(facilitator, ThreadedFacilitator)
         for entry in pay_to:
-            scheme = ExactEvmServerScheme() if entry.network.family == "evm" else (
-                ExactSvmServerScheme()
-            )
-            self._server.register(entry.network.caip2, scheme)
+            if entry.network.family == "evm":
+                self._server.register(entry.network.caip2, ExactEvmServerScheme())
+                # offered where the facilitator settles it (start() asks)
+                self._server.register(entry.network.caip2, UptoEvmServerScheme())
+            else:
+                self._server.register(entry.network.caip2, ExactSvmServerScheme())
         self._pay_to = list(pay_to)
         self._max_timeout = max_timeout_seconds
         self._templates: list[PaymentRequirements] = []
+        # `upto` requirements (EVM networks whose facilitator settles upto): offered beside exact
+        # to calls priced from their request, which then settle what they used
+        self._upto_templates: list[PaymentRequirements] = []
 
     async def aclose(self) -> None:
         """Close what the facilitator holds (a remote one's HTTP connections, worker threads)."""
@@ -204,18 +211,12 @@ class PaymentProcessor:
         configured network. Blocks on a remote facilitator: call it off the event loop."""
         try:
             self._server.initialize()
-            templates = []
+            templates, upto = [], []
             for entry in self._pay_to:
-                asset = entry.asset or entry.network.usdc
-                config = ResourceConfig(
-                    scheme="exact",
-                    pay_to=entry.pay_to,
-                    price=AssetAmount(amount="1", asset=asset),
-                    network=entry.network.caip2,
-                    max_timeout_seconds=self._max_timeout,
-                )
+                if entry.network.family == "evm":
+                    upto.extend(self._upto_template(entry))
                 try:
-                    built = self._server.build_payment_requirements(config)
+                    built = self._server.build_payment_requirements(self._config("exact", entry))
                 except SchemeNotFoundError:
                     offered = sorted(getattr(self._server, "_supported_responses", {}))
                     raise FacilitatorMismatch(
@@ -232,8 +233,26 @@ class PaymentProcessor:
         except RuntimeError as exc:  # the SDK: no payment kinds loaded (an empty /supported)
             self._waiting = f"the facilitator lists no payment kinds yet ({exc})"
             raise FacilitatorUnavailable(self._waiting) from None
-        self._templates = templates
+        self._templates, self._upto_templates = templates, upto
         self._waiting = None
+
+    def _config(self, scheme: str, entry: PayTo) -> ResourceConfig:
+        return ResourceConfig(scheme=scheme, pay_to=entry.pay_to,
+                              price=AssetAmount(amount="1", asset=entry.asset or entry.network.usdc),
+                              network=entry.network.caip2, max_timeout_seconds=self._max_timeout)
+
+    def _upto_template(self, entry: PayTo) -> list[PaymentRequirements]:
+        """The network's `upto` requirement, or none when its facilitator does not settle upto."""
+        try:
+            return self._server.build_payment_requirements(self._config(SCHEME_UPTO, entry))
+        except (SchemeNotFoundError, FacilitatorCapabilityError, ValueError) as exc:
+            log.info("upto is not offered on %s: %s", entry.network.v1_name, exc)
+            return []
+
+    @property
+    def offers_upto(self) -> bool:
+        """Whether some network's facilitator settles `upto` payments."""
+        return bool(self._upto_templates)
 
     async def keep_starting(self, *, first_delay: float = 0.5, max_delay: float = 30.0) -> None:
         """Call `start` until it succeeds (in a worker thread: it blocks on the facilitator),
@@ -255,12 +274,14 @@ class PaymentProcessor:
             delay = min(delay * 2, max_delay)
         log.info("payments are ready: the facilitator answered with its supported kinds")
 
-    def requirements(self, atomic_amount: int) -> list[PaymentRequirements]:
-        """One `exact` requirement per network, all for the same amount (a pure function)."""
+    def requirements(self, atomic_amount: int, *, upto: bool = False) -> list[PaymentRequirements]:
+        """One `exact` requirement per network, all for the same amount (a pure function); with
+        `upto` (a call priced from its request, which may use less), then an `upto` one per
+        network that settles it, for the same amount as the maximum."""
         if not self._templates:
             raise FacilitatorUnavailable(NOT_READY)  # why: `waiting_for` (the operator's /readyz)
-        return [t.model_copy(update={"amount": str(atomic_amount)}, deep=True)
-                for t in self._templates]
+        templates = self._templates + self._upto_templates if upto else self._templates
+        return [t.model_copy(update={"amount": str(atomic_amount)}, deep=True) for t in templates]
 
     def payment_required(
         self,
@@ -323,8 +344,13 @@ class PaymentProcessor:
         result = await self._server.verify_payment(matched.payload, matched.for_facilitator)
         return result.verify
 
-    async def settle(self, matched: Matched) -> SettleResponse:
-        return await self._server.settle_payment(matched.payload, matched.for_facilitator)
+    async def settle(self, matched: Matched, amount: int | None = None) -> SettleResponse:
+        """Settle the matched payment; `amount`: what an `upto` payment settles (at most its
+        authorized maximum; the SDK's facilitator reads it from the requirements)."""
+        requirements = matched.for_facilitator
+        if amount is not None:
+            requirements = requirements.model_copy(update={"amount": str(amount)})
+        return await self._server.settle_payment(matched.payload, requirements)
 
 
 # Offered in every 402: a payer may name its call with an idempotency key (x402's
@@ -370,6 +396,8 @@ def identify(matched: Matched, transaction_id: Any = None) -> PaymentIdentity:
     is in process, gives the transaction's id before it is signed and sent."""
     network = matched.requirement.network
     inner = matched.payload.payload
+    if matched.requirement.scheme == SCHEME_UPTO:
+        return _permit2_identity(network, matched.requirement.asset, inner)
     if lookup_network(network).family == "evm":
         auth = inner.get("authorization", {})
         nonce = str(auth.get("nonce", "")).lower()
@@ -390,3 +418,18 @@ def identify(matched: Matched, transaction_id: Any = None) -> PaymentIdentity:
            "source_ata": info.source_ata if info else None,
            "destination_ata": info.destination_ata if info else None}
     return PaymentIdentity(PaymentKey(network=network, payer=payer, nonce=message_hash), ref)
+
+
+def _permit2_identity(network: str, token: str, inner: dict[str, Any]) -> PaymentIdentity:
+    """An `upto` payment: a Permit2 witness transfer. Permit2's nonces are the owner's (for any
+    token), so the key is the owner's nonce, kept apart from EIP-3009 nonces by its prefix."""
+    auth = inner.get("permit2Authorization", {})
+    witness = auth.get("witness", {})
+    owner, nonce = str(auth.get("from", "")).lower(), str(auth.get("nonce", ""))
+    ref = {"kind": "permit2", "token": token, "owner": owner,
+           "spender": str(auth.get("spender", "")), "to": str(witness.get("to", "")),
+           "facilitator": str(witness.get("facilitator", "")),
+           "max": str(auth.get("permitted", {}).get("amount", "")), "nonce": nonce,
+           "deadline": str(auth.get("deadline", "")),
+           "valid_after": str(witness.get("validAfter", ""))}
+    return PaymentIdentity(PaymentKey(network=network, payer=owner, nonce=f"permit2:{nonce}"), ref)

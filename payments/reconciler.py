@@ -3,11 +3,12 @@
 A row is unfinished when its replica died or lost the outcome: `claimed` (nothing was broadcast:
 released), `settling` or `pending` (something may have moved: the chain is asked through the same
 RPC the facilitator settles on, `payments/chain_probe.py`). Moved -> settled; provably can never
-move (an expired, unused authorization; an expired blockhash) -> released; otherwise it stays
-pending and is asked again after its lease. Rows are taken one at a time by a compare-and-set on
-the lease (`Ledger.take`), so several replicas can run it at once: one works on a row at a time.
-It runs at startup, every `interval` seconds, and for one row at once when a retry of its payment
-finds the row's lease expired (`resolve`). Each decision is an event row (`paywire ledger`).
+move (an expired, unused authorization or permit; one its signer cancelled; an expired
+blockhash) -> released; otherwise it stays pending and is asked again after its lease. Rows
+are taken one at a time by a compare-and-set on the lease (`Ledger.take`), so several replicas
+can run it at once: one works on a row at a time. It runs at startup, every `interval` seconds,
+and for one row at once when a retry of its payment finds the row's lease expired (`resolve`).
+Each decision is an event row (`paywire ledger`).
 
 Before validBefore (issue 22). An EVM payment whose replica died before broadcasting is still
 "valid until validBefore" on chain: without more, nothing proves it unmoved before validBefore +
@@ -19,9 +20,12 @@ send any more (its last attempt began more than `broadcast_trace.SEND_WINDOW_SEC
 of the key in the node's pool. A busy key's pool is seldom empty: the pending count is remembered
 and a later pass releases once the key's mined nonce reached it (`probe_nonce_reached`), provided
 the row shows no new attempt since. A remote facilitator's key is not ours: its payments keep the
-validBefore rule. Only a pass proves early, and it takes rows under an owner of its own (`actor`),
-so a retry in this very process cannot settle the payment again between the proof and the
-release (a retry re-settles what is still open instead: `resolve`).
+validBefore rule. An `upto` payment (a Permit2 permit) is proven the same way, more strongly: the
+upto proxy takes its settlement only from the facilitator its witness names, so when that is our
+key no one else can move it at all; a permit naming another account waits for its deadline. Only
+a pass proves early, and it takes rows under an owner of its own (`actor`), so a retry in this
+very process cannot settle the payment again between the proof and the release (a retry
+re-settles what is still open instead: `resolve`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ log = logging.getLogger(__name__)
 # clocks of replicas, the step from writing the intent to making the trace, a request of a dead
 # replica still on its way to the node.
 EARLY_MARGIN_SECONDS = 10.0
+# What a pass can prove unmoved early: an EIP-3009 authorization, and a Permit2 permit (`upto`),
+# whose witness names the one account that may settle it (the proof checks that it is ours).
+EARLY_KINDS = frozenset({"eip3009", "permit2"})
 # The early proof holds the key's send lock, and every send from that key waits meanwhile: at
 # most this long, the wait for the lock included; past it the payment is asked about next pass.
 PROOF_TIMEOUT_SECONDS = 10.0
@@ -97,7 +104,7 @@ def chain_ref_of(row: PaymentRow) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class EvmSender:
-    """The account an in-process facilitator settles a network's EIP-3009 payments from: its
+    """The account an in-process facilitator settles a network's EVM payments from: its
     address, the RPC its signer sends through, and the lock its signers hold from reading the
     account's nonce to the node's answer on a send: the signer's own lock object
     (payments/send_lock.py; a `ProcessSendLock` is only shared through the object)."""
@@ -292,8 +299,8 @@ class Reconciler:
         for a payment left open, what the next pass may build on."""
         sender = self.senders.get(row.network)
         ref = row.chain_ref
-        if sender is None or not ref or ref.get("kind") != "eip3009":
-            return verdict, None  # a remote facilitator, or not EIP-3009: validBefore decides
+        if sender is None or not ref or ref.get("kind") not in EARLY_KINDS:
+            return verdict, None  # a remote facilitator, or Solana: the chain's expiry decides
         current = await self._ledger.get(row.id)
         if current is None:
             return verdict, None
