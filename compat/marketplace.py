@@ -11,7 +11,9 @@ from starlette.routing import Route
 from agent.edge.http_io import HttpProblem, client_address, payment_from, read_json_object, render
 from agent.pipeline.bazaar import HttpRoute
 from agent.pipeline.catalogue import AVAILABLE, Availability, usd_text
-from agent.pipeline.gateway import CallRequest, Gateway, Outcome
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Outcome
+from agent.pipeline.requests import CallRequest
 
 from .openai_common import answer_call
 

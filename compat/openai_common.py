@@ -24,7 +24,10 @@ from agent.edge.http_io import (
     timing_headers,
 )
 from agent.pipeline.bazaar import BodyType, HttpRoute
-from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, StreamFailed
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Delivered, Outcome
+from agent.pipeline.requests import CallRequest
+from agent.pipeline.streams import StreamFailed
 
 NO_RETRY = {"x-should-retry": "false"}
 

@@ -29,8 +29,9 @@ from agent.edge.http_io import (
     read_body,
     read_json_object,
 )
-from agent.pipeline.gateway import CallRequest, Gateway
+from agent.pipeline.gateway import Gateway
 from agent.pipeline.payloads import UploadedFile
+from agent.pipeline.requests import CallRequest
 
 from .openai_common import answer_call, empty, json_model_route, model_route, model_skill, respond
 

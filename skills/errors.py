@@ -33,7 +33,7 @@ class SkillUnavailableError(SkillError):
 class UpstreamError(SkillError):
     """The skill's upstream failed: it could not be reached, broke off, or answered nonsense.
     Skills say what happened, never an HTTP status: the pipeline decides the answer (one place,
-    `agent.pipeline.gateway._refusal`). Subclasses say more.
+    `agent.pipeline.outcomes.refusal`). Subclasses say more.
 
     `usage` and `upstream_cost_usd` say what the failed call still spent upstream (a model that
     answered, but not validly): the caller is not charged, the operator's ledger shows the cost.

@@ -34,8 +34,9 @@ from x402.mechanisms.svm.signers import KeypairSigner
 from x402.schemas import PaymentPayload, PaymentRequired
 
 from agent.mcp import face as mcp_face
-from agent.pipeline.gateway import CallRequest, Outcome
+from agent.pipeline.outcomes import Outcome
 from agent.pipeline.price_terms import route_terms
+from agent.pipeline.requests import CallRequest
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
 from tests.support.docs import doc_section, fenced
 from tests.support.model_env import Env

@@ -24,7 +24,7 @@ from x402.schemas import PaymentRequired
 
 from agent.observability.metrics import Metrics, Observer
 from agent.observability.request_log import JsonFormatter
-from agent.pipeline.gateway import Delivered, PaymentDemanded, Refused
+from agent.pipeline.outcomes import Delivered, PaymentDemanded, Refused
 from payments.codec import decode_base64_any
 from payments.devnet.keys import DevnetKeys
 from payments.ledger import Ledger

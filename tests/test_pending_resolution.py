@@ -38,15 +38,9 @@ from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from x402.schemas import PaymentPayload
 
-from agent.pipeline.gateway import (
-    CallRequest,
-    Delivered,
-    Gateway,
-    Outcome,
-    Payment,
-    PaymentDemanded,
-    Refused,
-)
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
+from agent.pipeline.requests import CallRequest, Payment
 from payments import broadcast_trace, failpoints
 from payments.broadcast_trace import BroadcastTrace, SendWindowClosed, Sent, current_trace
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc

@@ -69,17 +69,10 @@ from agent.a2a.messages import (
 )
 from agent.edge.http_io import json_bytes, json_value
 from agent.edge.identity import wallet_owner
-from agent.pipeline.gateway import (
-    CallRequest,
-    Delivered,
-    Gateway,
-    Outcome,
-    Payment,
-    PaymentDemanded,
-    Refused,
-    SettleGuard,
-    settle_guard,
-)
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
+from agent.pipeline.requests import CallRequest, Payment
+from agent.pipeline.shielding import SettleGuard, settle_guard
 
 
 @dataclass

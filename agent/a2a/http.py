@@ -67,14 +67,9 @@ from agent.edge.identity import (
 )
 from agent.edge.rpc import A2A_ENVELOPE, take_rpc
 from agent.pipeline.bazaar import HttpRoute
-from agent.pipeline.gateway import (
-    SKILL_DISABLED,
-    SKILL_UNAVAILABLE,
-    CallRequest,
-    Gateway,
-    PaymentDemanded,
-    Refused,
-)
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import SKILL_DISABLED, SKILL_UNAVAILABLE, PaymentDemanded, Refused
+from agent.pipeline.requests import CallRequest
 
 V1_METHODS = {"SendMessage", "SendStreamingMessage", "GetTask", "ListTasks", "CancelTask",
               "SubscribeToTask", "GetExtendedAgentCard", "CreateTaskPushNotificationConfig",

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from agent.edge.origins import origin_of
-from agent.pipeline.gateway import Delivered, Outcome, Payment, PaymentDemanded, Refused
+from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
+from agent.pipeline.requests import Payment
 from payments.codec import (
     PAYMENT_HEADERS,
     RECEIPT_HEADERS,

@@ -50,8 +50,10 @@ from x402.extensions.bazaar import BAZAAR, DeclareMcpDiscoveryConfig, declare_mc
 from agent.edge.http_io import HttpProblem, client_address, json_bytes, json_value
 from agent.edge.rpc import MCP_ENVELOPE, take_rpc
 from agent.pipeline.catalogue import HELP_SKILL
-from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, Payment, PaymentDemanded, Refused
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
 from agent.pipeline.price_terms import PriceTerms, route_terms
+from agent.pipeline.requests import CallRequest, Payment
 from agent.pipeline.timing import Timings
 from agent.version import VERSION
 

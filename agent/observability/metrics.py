@@ -33,7 +33,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent.observability.request_log import REQUEST_ID_HEADER, accepted_request_id, log_paid_call, request_id
-from agent.pipeline.gateway import CallRequest, Delivered, Gateway, Outcome, PaymentDemanded, Refused
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
+from agent.pipeline.requests import CallRequest
 from payments.money import atomic_to_usd, usd_text, usd_to_atomic
 
 # Stage timings from 0.1 ms (a quote) to 60 s (a slow model or settlement).

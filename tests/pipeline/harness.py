@@ -21,8 +21,10 @@ from sqlalchemy.exc import OperationalError
 from x402.schemas import PaymentPayload
 
 from agent.app import make_engine
-from agent.pipeline import gateway as gateway_module
-from agent.pipeline.gateway import CallRequest, Gateway, Outcome, Payment, PaymentDemanded
+from agent.pipeline import shielding
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Outcome, PaymentDemanded
+from agent.pipeline.requests import CallRequest, Payment
 from payments.leases import SettlementPolicy
 from payments.ledger import Ledger
 from payments.ledger_schema import payments_table
@@ -128,8 +130,8 @@ class Pipeline:
     async def bookkeeping_done() -> None:
         """Wait for the ledger writes the pipeline detached (a stream's usage, written when it
         ends even if its reader was cancelled)."""
-        while gateway_module._DETACHED:
-            await asyncio.gather(*list(gateway_module._DETACHED), return_exceptions=True)
+        while shielding._DETACHED:
+            await asyncio.gather(*list(shielding._DETACHED), return_exceptions=True)
 
 
 def payment_of(signed: dict[str, Any]) -> Payment:

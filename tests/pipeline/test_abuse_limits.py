@@ -13,15 +13,9 @@ import pytest
 from eth_account import Account
 from x402.schemas import PaymentPayload
 
-from agent.pipeline.gateway import (
-    CallRequest,
-    Delivered,
-    Gateway,
-    Outcome,
-    Payment,
-    PaymentDemanded,
-    Refused,
-)
+from agent.pipeline.gateway import Gateway
+from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
+from agent.pipeline.requests import CallRequest, Payment
 from payments import precheck
 from payments.controls import Controls
 from payments.rate_limits import LimitSpec, RateLimits

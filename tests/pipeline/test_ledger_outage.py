@@ -7,7 +7,7 @@ both devnet chains.)"""
 
 from __future__ import annotations
 
-from agent.pipeline.gateway import RETRY_AFTER_SECONDS, Delivered, Refused
+from agent.pipeline.outcomes import RETRY_AFTER_SECONDS, Delivered, Refused
 from payments.controls import Controls
 from tests.support.scripted_facilitator import NONCE_ALREADY_USED, BroadcastThenTimeout
 

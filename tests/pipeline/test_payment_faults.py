@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from agent.pipeline.gateway import Delivered, PaymentDemanded, Refused, SettleGuard, settle_guard
+from agent.pipeline.outcomes import Delivered, PaymentDemanded, Refused
+from agent.pipeline.shielding import SettleGuard, settle_guard
 from skills.errors import UpstreamError
 from skills.skill import Payload, SkillResult
 from tests.support.fake_upstream import chat_answer

@@ -16,7 +16,7 @@ from x402.extensions.payment_identifier import (
 )
 from x402.schemas import PaymentPayload
 
-from agent.pipeline.gateway import Delivered, PaymentDemanded, Refused
+from agent.pipeline.outcomes import Delivered, PaymentDemanded, Refused
 from payments.ledger import ClaimRequest, PaymentState
 from payments.processor import identify
 from skills.skill import Payload, SkillResult
@@ -163,7 +163,7 @@ async def test_a_claim_whose_replica_died_is_taken_over_once_its_lease_ran_out(
                                                pipeline.gateway.resource_info(
                                                    pipeline.registry.get("counted"), "x"))
     assert matched is not None
-    from agent.pipeline.gateway import request_digest
+    from agent.pipeline.requests import request_digest
     await pipeline.ledger.claim(ClaimRequest(
         key=identify(matched).key, amount_atomic=10_000, asset=matched.requirement.asset,
         pay_to=matched.requirement.pay_to, skill_id="counted",

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.pipeline.gateway import Delivered, PaymentDemanded
+from agent.pipeline.outcomes import Delivered, PaymentDemanded
 from tests.support.fake_upstream import FakeStream, chat_chunks
 from tests.support.scripted_facilitator import (
     INSUFFICIENT_BALANCE,
