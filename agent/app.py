@@ -422,7 +422,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       controls=controls, limits=rate_limits(settings),
                       # an underfunded payer's refusal: its balance, read on the reconciler's RPCs
                       payer_mistakes=PayerMistakes(chain_rpcs.get, faucet_url=(
-                          f"{settings.base_url}/devnet/faucet" if devnet is not None else None)))
+                          f"{settings.base_url}/devnet/faucet" if devnet is not None else None)),
+                      refunds=refund_policy)  # what an exact Solana call's receipt says is owed
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,

@@ -27,6 +27,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
     Connection,
     Engine,
     and_,
@@ -188,11 +189,15 @@ _SETTLED = (
                 _P.c.state.in_((PaymentState.SETTLING, PaymentState.PENDING))))
     .values(state=PaymentState.SETTLED, lease_until=None, error=None,
             tx_hash=func.coalesce(bindparam("b_tx", type_=_P.c.tx_hash.type), _P.c.tx_hash),
-            updated_at=bindparam("b_now"), delivered_at=bindparam("b_delivered"),
+            # (what a stream's end already recorded stays: an upto stream settles at its end)
+            updated_at=bindparam("b_now"),
+            delivered_at=func.coalesce(bindparam("b_delivered", type_=_P.c.delivered_at.type),
+                                       _P.c.delivered_at),
             latency_ms=func.coalesce(bindparam("b_latency", type_=_P.c.latency_ms.type),
                                      _P.c.latency_ms),
-            usage=bindparam("b_usage", type_=_P.c.usage.type),
-            upstream_cost_usd=bindparam("b_cost", type_=_P.c.upstream_cost_usd.type),
+            usage=func.coalesce(bindparam("b_usage", type_=JSON(none_as_null=True)), _P.c.usage),
+            upstream_cost_usd=func.coalesce(bindparam("b_cost", type_=_P.c.upstream_cost_usd.type),
+                                            _P.c.upstream_cost_usd),
             charged_atomic=func.coalesce(_P.c.charged_atomic,
                                          bindparam("b_charged", type_=_P.c.charged_atomic.type))))
 

@@ -274,7 +274,8 @@ X402_DOCS = "https://x402.org"
 def how_to_pay(required: PaymentRequired) -> str:
     """A 402's message to a client that does not speak x402 (the `openai` package without an
     x402 transport shows it as the error): the price, where the quote is, which header pays."""
-    options = [_option(r) for r in required.accepts]
+    # (a network offering exact and upto is one place to pay, at one price: named once)
+    options = list(dict.fromkeys(_option(r) for r in required.accepts))
     prices = ("; or ".join(f"{usdc} on {where}" for usdc, where in options)
               if len({usdc for usdc, _ in options}) != 1 else
               f"{options[0][0]} (on {' or '.join(where for _, where in options)})")

@@ -225,7 +225,7 @@ class ClaimedPath:
         a 410 saying the result could not be delivered)."""
         t, ledger, policy = paid.t, self.services.ledger, self.services.policy
         receipt = SettleResponse(success=True, transaction=row.tx_hash or "", network=row.network,
-                                 payer=row.payer, amount=str(row.amount_atomic))
+                                 payer=row.payer, amount=str(row.charged))
         try:
             kept = await ledger.stored_result(row.id)
             if kept is not None and (paid.streaming or kept.media_type != KEPT_STREAM):
@@ -272,9 +272,9 @@ class ClaimedPath:
         report = self.services.reached(row.id) if row.delivered_at is None else None
         if kept.media_type == KEPT_STREAM:
             return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), receipt,
-                             row.amount_atomic, stream=replay(wire_json.loads(kept.body)),
+                             row.charged, stream=replay(wire_json.loads(kept.body)),
                              on_handover=report)
-        return Delivered(paid.t, _result_of(kept), receipt, row.amount_atomic, on_handover=report)
+        return Delivered(paid.t, _result_of(kept), receipt, row.charged, on_handover=report)
 
     async def _run_again(self, paid: PaidCall, row: PaymentRow, receipt: SettleResponse, *,
                          last: bool) -> Outcome:
@@ -304,7 +304,7 @@ class ClaimedPath:
                 return rerun_failed(t, paid.skill.id, exc)
         # handed to the face: delivered, as a first result is when it settles (undone if the
         # face says its caller had left, or if the caller is cancelled while this is written)
-        outcome = Delivered(t, result, receipt, row.amount_atomic, on_handover=s.missed(row.id))
+        outcome = Delivered(t, result, receipt, row.charged, on_handover=s.missed(row.id))
         await to_the_end(lease.end(delivered=True, result=s.keepable(result, last_rerun=last)),
                          on_cancel=lambda _: never_handed_over(outcome))
         return outcome
@@ -331,7 +331,7 @@ class ClaimedPath:
             raise
         stream = handover(first)
         return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), receipt,
-                         row.amount_atomic, stream=stream.chunks(), on_handover=stream.report)
+                         row.charged, stream=stream.chunks(), on_handover=stream.report)
 
 
 def _result_of(kept: StoredResult) -> SkillResult:

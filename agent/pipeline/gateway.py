@@ -52,6 +52,7 @@ from payments.precheck import local_refusal, proven_payer
 from payments.processor import PaymentIdentifierError, PaymentProcessor, identify, payment_identifier
 from payments.rate_limits import RateLimits
 from payments.reconciler import Reconciler
+from payments.refunds import RefundPolicy
 from skills.errors import SkillError, SkillInputError
 from skills.registry import SkillRegistry
 from skills.skill import Operation, Skill, SkillResult
@@ -75,7 +76,7 @@ class Gateway:
         *, payment_window_seconds: float = 900, policy: SettlementPolicy | None = None,
         reconciler: Reconciler | None = None, observer: CallObserver | None = None,
         controls: Controls | None = None, limits: RateLimits | None = None,
-        payer_mistakes: PayerMistakes | None = None,
+        payer_mistakes: PayerMistakes | None = None, refunds: RefundPolicy | None = None,
     ) -> None:
         self.registry = registry
         self.payment_window_seconds = payment_window_seconds
@@ -85,7 +86,8 @@ class Gateway:
         self.bazaar = Bazaar(self.catalogue)  # each route's x402 bazaar description, built once
         policy = policy or SettlementPolicy()
         # the leases this process renews, shared with the claimed path and the settlements
-        self.services = PaidServices(ledger, processor, policy, InFlight(ledger, policy))
+        self.services = PaidServices(ledger, processor, policy, InFlight(ledger, policy),
+                                     refunds or RefundPolicy())
         self.claimed = ClaimedPath(self.services, Settlements(self.services), reconciler)
         self.observer = observer  # sees every call's outcome (agent/observability/metrics.py); None: nobody
         self.controls = controls  # the operator's skill switches and payer deny list (a snapshot)
@@ -196,7 +198,8 @@ class Gateway:
             return not_ready(t)
         # how the route is called, for x402 discovery (built once per route and skill)
         described = self.bazaar.extension(req.route, skill) if req.route is not None else req.extensions
-        demand = Demand(t, self.processor, self.processor.requirements(atomic),
+        requirements = self.processor.requirements(atomic, upto=_priced_per_request(op))
+        demand = Demand(t, self.processor, requirements,
                         self.resource_info(skill, req.resource_url), described)
         if req.payment is None:
             limit = self.limits.quote(req.client) if self.limits is not None else None
@@ -297,6 +300,12 @@ class Gateway:
         if limits is not None:
             limits.payment_verified(req.client)  # the quote it was signed for is given back
         return await self.claimed.claim_and_run(paid)
+
+
+def _priced_per_request(op: Operation) -> bool:
+    """A call priced from its request (tokens, sizes) may use less than its quote: `upto` is
+    offered beside `exact` for it, settling what it used. A fixed price is what it costs."""
+    return op.price_floor_usd is None or op.price_floor_usd != op.price_cap_usd
 
 
 async def _price(op: Operation, payload: dict[str, Any], probe: bool) -> int:

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from agent.pipeline.outcomes import LEDGER_ERRORS
@@ -16,7 +17,9 @@ from agent.pipeline.requests import CallRequest
 from agent.pipeline.timing import Timings
 from payments.leases import InFlight, SettlementPolicy
 from payments.ledger import Ledger, PaymentState, StoredResult
+from payments.money import usd_to_atomic
 from payments.processor import Matched, PaymentIdentity, PaymentProcessor
+from payments.refunds import RefundPolicy
 from skills.skill import Operation, Skill, SkillResult
 from wire import wire_json
 
@@ -43,6 +46,13 @@ class PaidCall:
     atomic: int  # the quoted price
     demand: Demand  # this call's quote, the answer to a refused payment
 
+    def charge_of(self, charge_usd: Decimal | None) -> int:
+        """What the call is charged (atomic, rounded up) for what it used (`charge_usd`, the
+        skill's figure; None: its quote), never more than its quote."""
+        if charge_usd is None:
+            return self.atomic
+        return min(self.atomic, usd_to_atomic(charge_usd))
+
     @property
     def streaming(self) -> bool:
         """The caller takes chunks as they come and the operation streams."""
@@ -58,6 +68,9 @@ class PaidServices:
     processor: PaymentProcessor
     policy: SettlementPolicy
     in_flight: InFlight  # the leases this process renews
+    # Solana refunds of what an exact payment paid above its charge (payments/refunds.py); off
+    # unless the operator's settings turn them on
+    refunds: RefundPolicy = RefundPolicy()
 
     async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
         """Release a claim (True when the ledger wrote it); if the ledger is down the claim's

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from agent.pipeline.outcomes import refusal
@@ -102,11 +102,14 @@ class StreamHandover:
 
     def __init__(self, ledger: Ledger, row_id: str, upstream: AsyncIterator[Any], first: Any,
                  policy: SettlementPolicy, *, paid: Timings | None = None,
-                 rerun: RerunLease | None = None) -> None:
+                 rerun: RerunLease | None = None,
+                 charge: Callable[[StreamUsage], int | None] | None = None) -> None:
         """`paid`: the paid call's timings, its usage recorded; `rerun`: a free re-run's lease
-        (the paid run's usage stays), which this handover ends."""
+        (the paid run's usage stays), which this handover ends; `charge`: what the call is
+        charged for what it used, recorded with its usage (a scheme that charges less than it
+        settled: exact on Solana, the rest refunded)."""
         self._ledger, self._row_id, self._upstream, self._first = ledger, row_id, upstream, first
-        self._policy, self._paid, self._rerun = policy, paid, rerun
+        self._policy, self._paid, self._rerun, self._charge = policy, paid, rerun, charge
         self._to_the_end = rerun is not None and rerun.last
         if rerun is not None:
             rerun.taken_over = True
@@ -189,6 +192,15 @@ class StreamHandover:
             self._record(reached=False)
             await self._upstream.aclose()  # type: ignore[attr-defined]
 
+    def used(self) -> StreamUsage:
+        """What the stream used: its usage item, or, for one that ended before it (its reader
+        left, its upstream broke), what a metered stream says it produced so far."""
+        if self._usage.usage is None and self._usage.charge_usd is None:
+            so_far = getattr(self._upstream, "used", None)
+            if so_far is not None:
+                return so_far()
+        return self._usage
+
     def _keep(self, chunk: Any) -> None:
         if self._kept is None:
             return
@@ -219,6 +231,8 @@ class StreamHandover:
             usage = {"latency_ms": round(self._paid.total_ms()),
                      "usage": {**(self._usage.usage or {}), "chunks": self.sent, "delivery": delivery},
                      "upstream_cost_usd": self._usage.upstream_cost_usd}
+            if self._charge is not None:
+                usage["charged_atomic"] = self._charge(self.used())
         detach(quietly(self._ledger.record_handover(
             self._row_id, delivered=delivered, result=result,
             keep_result_seconds=self._policy.keep_result_seconds, **usage)))

@@ -1,14 +1,15 @@
 """The settlement of any scheme whose money moves through the facilitator, one transaction per
 call: the intent in the ledger, the facilitator's settle under a broadcast trace, the verdict
 (moved, nothing moved, unknown) and its record, the receipt. A scheme says how much moves
-(`amount_to_settle`)."""
+(`amount_to_settle`) and what the call is charged (`charged`); an amount of zero moves nothing
+and sends nothing (an `upto` call that used nothing billable)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from x402.schemas import SettleResponse
@@ -28,7 +29,7 @@ from payments import failpoints
 from payments.broadcast_trace import BroadcastTrace, current_trace
 from payments.ledger import Ledger, PaymentRow, PaymentState
 from payments.settlement_outcome import Moved, NotMoved, Unknown, Verdict, classify
-from skills.skill import SkillResult
+from skills.skill import SkillResult, StreamUsage
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +48,42 @@ class OnchainSettlement(ABC):
     @abstractmethod
     def amount_to_settle(self, paid: PaidCall, result: SkillResult) -> int:
         """The atomic amount this call's settlement moves: the one place the amount sent to the
-        facilitator, the receipt's amount and the delivered price come from."""
+        facilitator and the receipt's amount come from."""
+
+    def charged(self, paid: PaidCall, result: SkillResult, amount: int) -> int | None:
+        """What the call is charged when less than the payment authorized (the ledger's
+        `charged_atomic`, the delivered price), or None: all of it. By default what moved."""
+        return amount if amount < paid.atomic else None
+
+    def retry_amount(self, paid: PaidCall, row: PaymentRow) -> int:
+        """What a retried settlement moves: the amount as signed, by default."""
+        return paid.atomic
+
+    def stream_charge(self, paid: PaidCall) -> Callable[[StreamUsage], int | None] | None:
+        """What a stream settled in full is charged for what it used, recorded at its end
+        (None: all of it)."""
+        return None
+
+    def receipt_extra(self, paid: PaidCall, charged: int | None) -> dict[str, Any] | None:
+        """More for the receipt's `extra` (a refund owed), or None."""
+        return None
 
     async def settle(self, paid: PaidCall, row_id: str, result: SkillResult, *,
                      record: bool = True) -> Outcome:
         t = paid.t
         amount = self.amount_to_settle(paid, result)
+        charged = self.charged(paid, result, amount)
         with t.stage("settle"):
-            refused = await self._begin(paid, row_id, result, record)
+            refused = await self._begin(paid, row_id, result, record, charged)
             if refused is not None:
                 return refused
             failpoints.reached("after_intent")
+            if amount == 0:  # nothing to move: no transaction, nothing the chain could say
+                receipt = SettleResponse(success=True, transaction="", amount="0",
+                                         network=paid.matched.requirement.network,
+                                         payer=paid.identity.key.payer)
+                return await self._settled(paid, row_id, result, receipt, amount, charged,
+                                           record=record)
             receipt, verdict = await self._move(paid, row_id, amount)
         failpoints.reached("after_settle")
         if isinstance(verdict, NotMoved):
@@ -65,7 +91,7 @@ class OnchainSettlement(ABC):
         if isinstance(verdict, Unknown):
             return await self._unknown(paid, row_id, verdict)
         assert receipt is not None
-        return await self._settled(paid, row_id, result, receipt, amount, record=record)
+        return await self._settled(paid, row_id, result, receipt, amount, charged, record=record)
 
     async def settle_stream(self, paid: PaidCall, row_id: str, chunks: AsyncIterator[Any],
                             first: Any) -> Outcome:
@@ -75,7 +101,8 @@ class OnchainSettlement(ABC):
             await chunks.aclose()  # type: ignore[attr-defined] - the payment did not settle
             return outcome
         s = self.services
-        handover = StreamHandover(s.ledger, row_id, chunks, first, s.policy, paid=paid.t)
+        handover = StreamHandover(s.ledger, row_id, chunks, first, s.policy, paid=paid.t,
+                                  charge=self.stream_charge(paid))
         outcome.stream, outcome.on_handover = handover.chunks(), handover.report
         return outcome
 
@@ -91,8 +118,9 @@ class OnchainSettlement(ABC):
         s.in_flight.add(row.id)
         try:
             with t.stage("settle"):
-                # (the amount as signed: a retry knows no run's result)
-                receipt, verdict = await self._move(paid, row.id, paid.atomic, shielded=True)
+                # (what the intent said would move: a retry knows no run's result)
+                receipt, verdict = await self._move(paid, row.id, self.retry_amount(paid, row),
+                                                    shielded=True)
             if isinstance(verdict, Moved):
                 log.info("payment %s settled again by a retry of the same payment (%s)",
                          row.id, verdict.transaction)
@@ -117,7 +145,7 @@ class OnchainSettlement(ABC):
             s.in_flight.discard(row.id)
 
     async def _begin(self, paid: PaidCall, row_id: str, result: SkillResult,
-                     record: bool) -> Refused | None:
+                     record: bool, charged: int | None = None) -> Refused | None:
         """The intent, before anything is broadcast: what may move, and the result a retry of
         this payment gets if this process dies from here on. None: settlement may go on."""
         t, s = paid.t, self.services
@@ -131,7 +159,7 @@ class OnchainSettlement(ABC):
                 row_id, owner=s.policy.owner, chain_ref=paid.identity.chain_ref,
                 lease_seconds=s.policy.lease_seconds,
                 result=s.keepable(result) if record else None,
-                keep_result_seconds=s.policy.keep_result_seconds)
+                keep_result_seconds=s.policy.keep_result_seconds, charged_atomic=charged)
         except LEDGER_ERRORS as exc:
             log.error("ledger unavailable before settlement (%s); nothing was broadcast",
                       type(exc).__name__)
@@ -203,12 +231,15 @@ class OnchainSettlement(ABC):
                        s.policy.pending_retry_seconds)
 
     async def _settled(self, paid: PaidCall, row_id: str, result: SkillResult,
-                       receipt: SettleResponse, amount: int, *, record: bool) -> Delivered:
+                       receipt: SettleResponse, amount: int, charged: int | None, *,
+                       record: bool) -> Delivered:
         """The money moved: recorded, and the result delivered whatever the ledger says."""
         t, ledger = paid.t, self.services.ledger
+        extra = self.receipt_extra(paid, charged)
         receipt = receipt.model_copy(update={
             "amount": receipt.amount or str(amount),
             "payer": receipt.payer or None,
+            **({"extra": {**(receipt.extra or {}), **extra}} if extra else {}),
         })
         with t.stage("record"):
             try:
@@ -223,7 +254,7 @@ class OnchainSettlement(ABC):
                 # intent; once its lease runs out the reconciler finds the transfer on chain.
                 log.error("payment %s settled in %s but the ledger write failed (%s); the "
                           "reconciler will record it", row_id, receipt.transaction, type(exc).__name__)
-        return Delivered(t, result, receipt, amount,
+        return Delivered(t, result, receipt, paid.atomic if charged is None else charged,
                          on_handover=self.services.missed(row_id) if record else None)
 
 
