@@ -7,6 +7,9 @@ authorization it signs is valid at most `max_validity_seconds`, whatever the quo
 answer is read as a stream, up to a size; one phase (the quote, then the payment) lasts at most
 `timeout` seconds.
 
+On EVM it prefers `upto` (charged what the call used) when the quote offers it and the payer can
+pay it: its Permit2 allowance, read from the chain, or the quote's EIP-2612 permit; else `exact`.
+
 It never pays twice for one call: when the server offers the `payment-identifier` extension the
 payment names the call with a fresh id, and when the answer says the payment is still being
 settled (503 `settlement_pending`, 409 `payment_in_progress`, or the connection dropped after the
@@ -22,14 +25,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from solana.exceptions import SolanaExceptionBase
 from x402 import x402Client
+from x402.extensions.eip2612_gas_sponsoring import EIP2612_GAS_SPONSORING_KEY
 from x402.extensions.payment_identifier import append_payment_identifier_to_extensions
 from x402.mechanisms.evm.exact import register_exact_evm_client
-from x402.mechanisms.evm.signers import EthAccountSigner
+from x402.mechanisms.evm.signers import EthAccountSigner, EthAccountSignerWithRPC
+from x402.mechanisms.evm.upto import UptoEvmClientScheme
 from x402.mechanisms.svm.constants import V1_NETWORKS as SVM_V1_NETWORKS
 from x402.mechanisms.svm.exact import ExactSvmClientScheme
 from x402.mechanisms.svm.exact.v1.client import ExactSvmSchemeV1
@@ -56,9 +61,15 @@ from .client_limits import (
 from .codec import REQUIRED_HEADER, decode_json_header, encode_json_b64
 from .money import atomic_to_usd, display_usd
 from .networks import KNOWN_NETWORKS, lookup_network
+from .permit2 import PUBLIC_RPC, ChainUnread, approve_permit2, permit2_allowance
 
 _EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
 _MOST_DIGITS = 30  # an amount longer than this is no price (USDC's whole supply has 17 digits)
+
+Scheme = Literal["auto", "upto", "exact"]
+SCHEMES: tuple[Scheme, ...] = ("auto", "upto", "exact")
+APPROVE_HINT = ("approve Permit2 once with `paywire pay --approve-permit2 URL` (one transaction, "
+                "its gas paid by the payer's ETH; the devnet faucet gives no ETH)")
 
 
 class PayError(Exception):
@@ -102,9 +113,11 @@ class PayResult:
     body: bytes
     content_type: str
     receipt: SettleResponse | None
-    paid_usd: Decimal | None
+    paid_usd: Decimal | None  # the quote's price: with `upto`, the most that could be charged
     network: str | None
     headers: dict[str, str]
+    scheme: str | None = None
+    charged_usd: Decimal | None = None  # what the receipt says moved
 
 
 @dataclass(frozen=True)
@@ -184,6 +197,9 @@ async def pay(
     timeout: float = 120.0,  # seconds, each phase: the quote; then the payment and its resends
     limits: ClientLimits = DEFAULT_LIMITS,
     notice: Callable[[str], None] | None = None,  # told what the client chose for the user
+    scheme: Scheme = "auto",  # auto: `upto` on EVM when offered and payable, else `exact`
+    evm_rpc_url: str | None = None,  # the node an EVM payment reads the chain with
+    approve: bool = False,  # without a Permit2 approval for `upto`: send one (the payer's gas)
 ) -> PayResult:
     """Request `url`, pay its x402 quote if it asks for one, and return the paid answer."""
     base_headers = {"Content-Type": "application/json", **(headers or {}), **NO_COMPRESSION}
@@ -194,19 +210,21 @@ async def pay(
         except (httpx.HTTPError, AnswerTooLarge, TimeoutError) as exc:
             raise NoAnswer(f"{url}: {_failure(exc, timeout)}; nothing was paid") from None
         if first.status != 402:
-            return _result(first, None, None)
+            return _result(first, None)
         required = parse_402(first)
-        chosen = choose_option(required, keys, network)
+        chosen, why = await payable_scheme(required, choose_option(required, keys, network, scheme),
+                                           keys, evm_rpc_url, scheme, notice if approve else None)
         price = _price_agreed(url, chosen, max_usd, confirm)
-        note = validity_note(chosen, limits.max_validity_seconds)
-        if note and notice is not None:
-            notice(note)
-        payload = await sign_payment(required, chosen, keys, solana_rpc_url, limits.max_validity_seconds)
+        for note in (why, validity_note(chosen, limits.max_validity_seconds)):
+            if note and notice is not None:
+                notice(note)
+        payload = await sign_payment(required, chosen, keys, solana_rpc_url, limits.max_validity_seconds,
+                                     evm_rpc_url)
         header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
         encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
         second = await _until_settled(http, method, url, data, {**base_headers, header: encoded},
                                       timeout, limits, notice)
-        return _result(second, price, str(chosen.network))
+        return _result(second, price, chosen)
 
 
 def _price_agreed(url: str, chosen: Any, max_usd: Decimal,
@@ -246,16 +264,16 @@ def validity_note(chosen: Any, max_validity: int) -> str | None:
 async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: Any, keys: PayerKeys,
                        solana_rpc_url: str | None = None,
                        max_validity: int = DEFAULT_LIMITS.max_validity_seconds,
-                       ) -> PaymentPayload | PaymentPayloadV1:
+                       evm_rpc_url: str | None = None) -> PaymentPayload | PaymentPayloadV1:
     """Sign a payment for the `chosen` option of a quote (the caller checked its price), valid at
     most `max_validity` seconds (`signed_validity`). When the quote offers the
-    `payment-identifier` extension, the payment names the call with a fresh id."""
+    `payment-identifier` extension, the payment names the call with a fresh id; an `upto` one
+    offering `eip2612GasSponsoring` gets the EIP-2612 permit for Permit2 when the payer has not
+    approved it (the SDK reads the allowance through `evm_rpc_url`)."""
     client = x402Client()
     client.set_spend_controls(False)  # the caller's own limits are the ones the user set
     if keys.evm_key:
-        from eth_account import Account
-
-        register_exact_evm_client(client, EthAccountSigner(Account.from_key(keys.evm_key)))
+        _register_evm(client, keys.evm_key, required, chosen, evm_rpc_url)
     solana = _register_solana(client, keys.solana_key, solana_rpc_url) if keys.solana_key else []
     # The SDK signs for the option it is given: one whose validity is ours to bound.
     bounded = chosen.model_copy(update={"max_timeout_seconds": signed_validity(chosen, max_validity)})
@@ -282,6 +300,19 @@ async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: An
     if isinstance(payload, PaymentPayload):  # `accepted` is matched against the offer as made
         payload = payload.model_copy(update={"accepted": chosen})
     return payload
+
+
+def _register_evm(client: x402Client, key: str, required: PaymentRequired | PaymentRequiredV1,
+                  chosen: Any, evm_rpc_url: str | None) -> None:
+    """`exact` and `upto` on every EVM network; a signer that reads the chain only where the
+    SDK's upto client needs one (the gasless EIP-2612 permit)."""
+    from eth_account import Account
+
+    account = Account.from_key(key)
+    register_exact_evm_client(client, EthAccountSigner(account))
+    node = evm_node(str(chosen.network), evm_rpc_url) if _offers_eip2612(required) else None
+    signer = EthAccountSignerWithRPC(account, node) if node else EthAccountSigner(account)
+    client.register("eip155:*", UptoEvmClientScheme(signer))
 
 
 def _register_solana(client: x402Client, secret: str, rpc_url: str | None) -> list[Any]:
@@ -375,14 +406,17 @@ def _error_code(answer: Answer) -> str | None:
 
 
 def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,
-                  network: str | None) -> Any:
-    """The first `exact` option of a quote the keys can pay, on `network` when one is named
-    ("evm", "solana", or a network id); PayError naming what was offered when there is none."""
+                  network: str | None, scheme: Scheme = "exact") -> Any:
+    """The option of a quote to pay: on the first network offered that the keys can pay (on
+    `network` when one is named: "evm", "solana", or a network id), its `upto` option when
+    `scheme` allows one (auto, upto: EVM only), else its `exact` one. PayError naming what was
+    offered when there is none."""
+    wanted = ("upto",) if scheme == "upto" else ("exact",) if scheme == "exact" else ("upto", "exact")
     usable = []
     for req in required.accepts:
-        if req.scheme != "exact":
-            continue
         family = _family(str(req.network))
+        if req.scheme not in wanted or req.scheme == "upto" and family != "evm":
+            continue
         if family == "evm" and keys.evm_key or family == "svm" and keys.solana_key:
             usable.append((family, req))
     if network in ("evm", "solana"):
@@ -395,19 +429,99 @@ def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys
             caip2 = network
         usable = [(f, r) for f, r in usable if str(r.network) in (network, caip2)]
     if not usable:
-        offered = ", ".join(str(r.network) for r in required.accepts) or "nothing"
+        offered = ", ".join(f"{r.scheme} on {r.network}" for r in required.accepts) or "nothing"
         raise PayError(f"no payment option this payer can use (offered: {offered}; "
-                       f"requested network: {network or 'any'})")
-    return usable[0][1]
+                       f"requested network: {network or 'any'}, scheme: {scheme})")
+    first = usable[0][1]
+    same_network = [r for _, r in usable if r.network == first.network]
+    return next((r for r in same_network if r.scheme == wanted[0]), first)
 
 
-def _result(answer: Answer, price: Decimal | None, network: str | None) -> PayResult:
+def exact_beside(required: PaymentRequired | PaymentRequiredV1, upto: Any) -> Any | None:
+    """The quote's `exact` option on the network and asset of its `upto` option, if any."""
+    return next((r for r in required.accepts if r.scheme == "exact" and r.network == upto.network
+                 and str(r.asset).lower() == str(upto.asset).lower()), None)
+
+
+def _evm_address(keys: PayerKeys) -> str:
+    from eth_account import Account
+
+    return str(Account.from_key(keys.evm_key).address)
+
+
+def _offers_eip2612(required: PaymentRequired | PaymentRequiredV1) -> bool:
+    return isinstance(required, PaymentRequired) and EIP2612_GAS_SPONSORING_KEY in (required.extensions or {})
+
+
+def evm_node(network: str, given: str | None) -> str | None:
+    """The EVM node a payment on `network` reads the chain with: the one given, else the
+    network's public one (Base, Base Sepolia)."""
+    return given or PUBLIC_RPC.get(network)
+
+
+async def payable_scheme(required: PaymentRequired | PaymentRequiredV1, chosen: Any, keys: PayerKeys,
+                         evm_rpc_url: str | None, scheme: Scheme,
+                         approving: Callable[[str], None] | None = None) -> tuple[Any, str | None]:
+    """`chosen`, when the payer can pay it; an `upto` option needs the payer's USDC allowance for
+    Permit2 (read from the chain) or the quote's gasless EIP-2612 permit (`eip2612GasSponsoring`).
+    Without either: with `approving`, the approve transaction is sent (and `approving` told);
+    else the `exact` option beside it and a note saying why and how to approve once (`scheme`
+    auto), or PayError (`scheme` upto)."""
+    if chosen.scheme != "upto" or _offers_eip2612(required):
+        return chosen, None
+    network, owner = str(chosen.network), _evm_address(keys)
+    node = evm_node(network, evm_rpc_url)
+    try:
+        if node is None:
+            raise ChainUnread(f"no EVM node is known for {network} (--evm-rpc names one)")
+        allowance = await permit2_allowance(node, str(chosen.asset), owner)
+        if allowance >= int(chosen.get_amount()):
+            return chosen, None
+        if approving is not None:
+            approving(await _approve(node, keys, chosen))
+            return chosen, None
+        why = (f"the payer {owner} has not approved Permit2 for this USDC on {network} "
+               f"(allowance {allowance}); `upto` needs it")
+    except ChainUnread as exc:
+        why = f"the payer's Permit2 allowance could not be read: {exc}"
+    fallback = exact_beside(required, chosen)
+    if scheme == "upto" or fallback is None:
+        raise PayError(f"cannot pay `upto`: {why}; {APPROVE_HINT}, or pay with --scheme exact")
+    return fallback, (f"{why}; paying with `exact`: the whole quote, not what the call uses. To "
+                      f"pay only what calls use, {APPROVE_HINT}")
+
+
+async def _approve(node: str, keys: PayerKeys, chosen: Any) -> str:
+    """Send the payer's Permit2 approval for the option's asset; what was done, or PayError."""
+    try:
+        tx = await asyncio.to_thread(approve_permit2, node, str(keys.evm_key), str(chosen.asset))
+    except Exception as exc:  # web3's many failures (no gas, reverted, node down): one line
+        raise PayError(f"the Permit2 approval on {chosen.network} failed ({type(exc).__name__}: "
+                       f"{' '.join(str(exc).split())[:200]}); it needs ETH for gas in the payer's "
+                       "account (the devnet faucet gives none); nothing was paid") from None
+    return f"approved Permit2 for USDC {chosen.asset} on {chosen.network} (transaction {tx})"
+
+
+def settled_atomic(receipt: SettleResponse | None, chosen: Any) -> int | None:
+    """What a successful receipt says moved (atomic units), when it is a whole number no larger
+    than the option's amount (all the signature allowed); else None."""
+    amount = (receipt.amount or "") if receipt is not None and receipt.success else ""
+    if not (amount.isascii() and amount.isdigit() and len(amount) <= _MOST_DIGITS):
+        return None
+    return int(amount) if int(amount) <= int(chosen.get_amount()) else None
+
+
+def _result(answer: Answer, price: Decimal | None, chosen: Any = None) -> PayResult:
+    receipt = receipt_from(answer.headers)
+    charged = settled_atomic(receipt, chosen) if chosen is not None else None
     return PayResult(
         status=answer.status,
         body=answer.body,
         content_type=answer.headers.get("content-type", ""),
-        receipt=receipt_from(answer.headers),
+        receipt=receipt,
         paid_usd=price,
-        network=network,
+        network=str(chosen.network) if chosen is not None else None,
         headers=dict(answer.headers),
+        scheme=str(chosen.scheme) if chosen is not None else None,
+        charged_usd=None if charged is None else usd_value(str(charged), chosen.asset, str(chosen.network)),
     )

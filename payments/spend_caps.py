@@ -9,7 +9,11 @@ the daily cap.
 Money safety for the user: today's total counts every payment not proven unspent. A reserved,
 signed, settled or unknown payment counts (one lost in transit may have been settled); a failed
 one counts until its authorization expires (a server could still settle a signature it said it
-refused, until then). A day is a UTC day. Amounts are integers (USD micro-units: USDC atomic
+refused, until then). An `upto` payment authorizes a maximum and the server settles what the call
+used: its row counts the maximum until a receipt with a transaction says what moved (that
+transaction spent the permit: nothing more can move), then that charge; a receipt that moved
+nothing without a transaction leaves the permit live, so the maximum counts until it expires.
+A day is a UTC day. Amounts are integers (USD micro-units: USDC atomic
 units); caps are Decimal USD with at most 6 decimal places. No float anywhere.
 
 What "now" is comes from `clock` (the system's UTC time), read through `utc_now()` by the ledger
@@ -32,8 +36,6 @@ from .money import USDC_DECIMALS, atomic_to_usd, usd_text
 
 Status = Literal["reserved", "signed", "settled", "failed", "unknown"]
 STATUSES: tuple[Status, ...] = ("reserved", "signed", "settled", "failed", "unknown")
-# The statuses that always count against the day; `failed` counts until `expires_at`.
-_COUNTED = ("reserved", "signed", "settled", "unknown")
 
 MAX_CAP_USD = Decimal("1000000")
 _TEXT_LIMIT = 500  # server URLs, tool names, reasons: bounded before they are stored
@@ -62,7 +64,19 @@ CREATE TABLE IF NOT EXISTS payments (
 CREATE INDEX IF NOT EXISTS ix_payments_day ON payments (day, status);
 CREATE INDEX IF NOT EXISTS ix_payments_created ON payments (created_at);
 """
-_SCHEMA_VERSION = 1
+# Version 2: what an `upto` payment was charged (NULL: the whole amount, as `exact`).
+_CHARGED = """
+ALTER TABLE payments ADD COLUMN charged_atomic INTEGER CHECK (charged_atomic >= 0);
+ALTER TABLE payments ADD COLUMN charged_micros INTEGER CHECK (charged_micros >= 0);
+"""
+_SCHEMA_VERSION = 2
+# What a row counts against its day (the one rule; `now` is the one parameter): a settled charge
+# once nothing more can move, a failed payment nothing once expired, else the amount signed for.
+_COUNTS = """CASE
+    WHEN status = 'settled' AND charged_micros IS NOT NULL
+         AND (tx_hash IS NOT NULL OR expires_at <= :now) THEN charged_micros
+    WHEN status = 'failed' AND (expires_at IS NULL OR expires_at <= :now) THEN 0
+    ELSE usd_micros END"""
 
 
 def system_clock() -> datetime:
@@ -137,15 +151,22 @@ class SpendRow:
     expires_at: str | None
     tx_hash: str | None
     detail: str | None
+    charged_micros: int | None = None  # an `upto` payment's charge; None: the whole amount
 
     @property
     def usd(self) -> Decimal:
+        """The amount signed for (an `upto` payment's maximum)."""
         return micros_usd(self.usd_micros)
+
+    @property
+    def charged_usd(self) -> Decimal | None:
+        return None if self.charged_micros is None else micros_usd(self.charged_micros)
 
     def as_json(self) -> dict[str, Any]:
         """The row for `--json`: amounts as exact decimal text, never a float."""
         return {"id": self.id, "time": self.created_at, "day": self.day, "status": self.status,
                 "usd": usd_text(self.usd), "amount_atomic": str(self.amount_atomic),
+                "charged_usd": None if self.charged_usd is None else usd_text(self.charged_usd),
                 "network": self.network, "asset": self.asset, "server": self.server,
                 "tool": self.tool, "payer": self.payer, "pay_to": self.pay_to,
                 "transaction": self.tx_hash, "expires_at": self.expires_at, "detail": self.detail}
@@ -171,8 +192,24 @@ class SpendLedger:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
         with self._connect() as db:
             if db.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
-                db.executescript(_SCHEMA)
-                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+                self._upgrade(db)
+
+    @staticmethod
+    def _upgrade(db: sqlite3.Connection) -> None:
+        """Create or upgrade the file's tables, once even when two proxies open it together."""
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            steps = ([] if version >= 1 else [_SCHEMA]) + ([] if version >= 2 else [_CHARGED])
+            for statement in ";".join(steps).split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -222,13 +259,17 @@ class SpendLedger:
         self._update(row_id, "signed", payer=_bounded(payer), expires_at=_stamp(expires_at))
 
     def finish(self, row_id: int, status: Status, *, tx_hash: str | None = None,
-               detail: str | None = None) -> None:
-        """What became of a signed payment: settled, failed (refused by the server) or unknown."""
+               detail: str | None = None, charged: tuple[int, int] | None = None) -> None:
+        """What became of a signed payment: settled, failed (refused by the server) or unknown.
+        `charged`: (atomic, micro-dollars) a settled `upto` payment moved, at most its maximum."""
         if status not in ("settled", "failed", "unknown"):
             raise ValueError(f"a signed payment ends settled, failed or unknown, not {status!r}")
-        self._update(row_id, status, tx_hash=_bounded(tx_hash), detail=_bounded(detail))
+        charges = {}
+        if charged is not None and status == "settled":
+            charges = {"charged_atomic": charged[0], "charged_micros": charged[1]}
+        self._update(row_id, status, tx_hash=_bounded(tx_hash), detail=_bounded(detail), **charges)
 
-    def _update(self, row_id: int, status: Status, **values: str | None) -> None:
+    def _update(self, row_id: int, status: Status, **values: str | int | None) -> None:
         given = {k: v for k, v in values.items() if v is not None}
         columns = "".join(f", {name} = ?" for name in given)  # names are ours, never input
         with self._connect() as db:
@@ -247,17 +288,15 @@ class SpendLedger:
         with self._connect() as db:
             found = db.execute(
                 "SELECT id, created_at, day, server, tool, network, asset, amount_atomic, "
-                "usd_micros, payer, pay_to, status, expires_at, tx_hash, detail FROM payments "
+                "usd_micros, payer, pay_to, status, expires_at, tx_hash, detail, charged_micros "
+                "FROM payments "
                 "ORDER BY created_at DESC, id DESC LIMIT ?", (limit,))
             return [SpendRow(*row) for row in found.fetchall()]
 
     @staticmethod
     def _counted(db: sqlite3.Connection, day: str, now: str) -> int:
-        placeholders = ", ".join("?" for _ in _COUNTED)
-        row = db.execute(
-            f"SELECT COALESCE(SUM(usd_micros), 0) FROM payments WHERE day = ? AND "
-            f"(status IN ({placeholders}) OR (status = 'failed' AND expires_at > ?))",
-            (day, *_COUNTED, now)).fetchone()
+        row = db.execute(f"SELECT COALESCE(SUM({_COUNTS}), 0) FROM payments WHERE day = :day",
+                         {"day": day, "now": now}).fetchone()
         return int(row[0])
 
 

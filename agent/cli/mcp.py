@@ -10,7 +10,14 @@ import os
 import textwrap
 
 from agent.cli.common import CONFIG_ERROR, Commands, config_error, refuse
-from agent.cli.paying import add_payment_options, checked_validity, payer_help, payer_keys, stop_on
+from agent.cli.paying import (
+    add_payment_options,
+    checked_validity,
+    evm_rpc,
+    payer_help,
+    payer_keys,
+    stop_on,
+)
 from agent.settings import ConfigError, PayerSettings
 
 COMMAND = "paywire mcp"
@@ -104,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     config = ProxyConfig(
         server_url=settings.mcp_server_url, keys=keys, network=settings.mcp_network,
         caps=Caps(per_call=settings.mcp_max_per_call, per_day=settings.mcp_max_per_day),
-        ledger_path=settings.mcp_ledger_path, solana_rpc_url=solana_rpc, limits=limits)
+        ledger_path=settings.mcp_ledger_path, solana_rpc_url=solana_rpc, limits=limits,
+        scheme=args.scheme, evm_rpc_url=evm_rpc(args, settings.mcp_server_url))
     try:
         asyncio.run(serve_stdio(config))
     except ProxyError as exc:

@@ -11,7 +11,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agent.cli.common import Commands, config_error, refuse
-from agent.cli.paying import add_payment_options, checked_validity, payer_help, payer_keys, stop_on
+from agent.cli.paying import (
+    add_payment_options,
+    checked_validity,
+    evm_rpc,
+    payer_help,
+    payer_keys,
+    stop_on,
+)
 from agent.settings import ConfigError, PayerSettings
 
 COMMAND = "paywire pay"
@@ -24,7 +31,9 @@ def register(commands: Commands) -> None:
             "Call a URL of any x402 server; if it answers 402, choose a payment option the key can "
             "pay, check the price against --max, sign the payment and call again; print the answer "
             "and the settlement receipt. A payment the server is still settling is sent again, "
-            "never signed twice. Exit code 0 on a 2xx answer, 1 on another, 2 when it refused to "
+            "never signed twice. On EVM it pays with `upto` when offered (charged what the call "
+            "used, once the payer approved Permit2: --approve-permit2), else `exact`. Exit code 0 "
+            "on a 2xx answer, 1 on another, 2 when it refused to "
             "pay (a bad option, no usable key, a price above --max).", width=100)),
         epilog=payer_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     payp.add_argument("url", help="the URL to call (a paywire route, /a2a, or any x402 server's)")
@@ -38,6 +47,10 @@ def register(commands: Commands) -> None:
                       help="most USD to pay without asking (default: %(default)s)")
     payp.add_argument("--yes", "-y", action="store_true", help="pay above --max without asking")
     add_payment_options(payp)
+    payp.add_argument("--approve-permit2", action="store_true",
+                      help="if the payer has not approved Permit2 for the quote's USDC (needed by "
+                      "upto), send that approval first: one transaction, its gas paid with the "
+                      "payer's ETH (the devnet faucet gives none)")
     payp.add_argument("--json", action="store_true",
                       help="print one JSON document (status, result, receipt, paid_usd)")
     payp.set_defaults(func=run)
@@ -62,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         result = asyncio.run(pay(
             args.url, keys=keys, method=args.method, data=data, headers=_headers(args.header),
             network=args.network, max_usd=max_usd, confirm=lambda q: _confirm(args, q),
-            solana_rpc_url=solana_rpc, limits=limits,
+            solana_rpc_url=solana_rpc, limits=limits, scheme=args.scheme,
+            evm_rpc_url=evm_rpc(args, args.url), approve=args.approve_permit2,
             notice=lambda text: print(f"{COMMAND}: note: {text}", file=sys.stderr, flush=True)))
     except PayError as exc:
         raise stop_on(exc, COMMAND) from None
@@ -91,7 +105,7 @@ def _confirm(args: argparse.Namespace, question: str) -> bool:
 
 
 def _print(result: Any, *, as_json: bool) -> None:
-    from payments.money import display_usd, usd_text
+    from payments.money import usd_text
 
     body_text = result.body.decode("utf-8", errors="replace")
     receipt = result.receipt
@@ -105,6 +119,8 @@ def _print(result: Any, *, as_json: bool) -> None:
             "result": body,
             "receipt": receipt.model_dump(by_alias=True, exclude_none=True) if receipt else None,
             "paid_usd": usd_text(result.paid_usd) if result.paid_usd is not None else None,
+            "scheme": result.scheme,
+            "charged_usd": usd_text(result.charged_usd) if result.charged_usd is not None else None,
         }, indent=2))
         return
     print(f"HTTP {result.status}")
@@ -115,8 +131,18 @@ def _print(result: Any, *, as_json: bool) -> None:
         print(f"  transaction  {receipt.transaction}")
         print(f"  network      {receipt.network}")
         print(f"  payer        {receipt.payer}")
-        amount = receipt.amount or "?"
-        paid = f" ({display_usd(result.paid_usd)})" if result.paid_usd is not None else ""
-        print(f"  amount       {amount} atomic units{paid}")
+        print(f"  scheme       {result.scheme}")
+        print(f"  amount       {receipt.amount or '?'} atomic units{_charged(result)}")
         if receipt.error_reason:
             print(f"  error        {receipt.error_reason}")
+
+
+def _charged(result: Any) -> str:
+    """What the amount was in USD: with `upto`, what was charged of the most it could be."""
+    from payments.money import display_usd
+
+    if result.paid_usd is None:
+        return ""
+    if result.scheme == "upto" and result.charged_usd is not None:
+        return f" (charged {display_usd(result.charged_usd)} of at most {display_usd(result.paid_usd)})"
+    return f" ({display_usd(result.paid_usd)})"

@@ -1,5 +1,5 @@
 """What the paying commands (`paywire pay`, `paywire mcp`) share: the variables they read, the
-payer's keys and Solana node, and the longest validity they sign."""
+payer's keys, its Solana and EVM nodes, the scheme it pays with and the longest validity it signs."""
 
 from __future__ import annotations
 
@@ -32,10 +32,18 @@ def payer_help(command: str = "pay") -> str:
 
 
 def add_payment_options(parser: argparse.ArgumentParser) -> None:
-    """--solana-rpc and --max-validity: how a payment is built."""
+    """--solana-rpc, --evm-rpc, --scheme and --max-validity: how a payment is built."""
     parser.add_argument("--solana-rpc", metavar="URL",
                         help="the Solana node a Solana payment is built with (default: "
                         "PAYWIRE_SOLANA_RPC_URL, else the devnet's when the server is a paywire devnet)")
+    parser.add_argument("--evm-rpc", metavar="URL",
+                        help="the EVM node the payer's Permit2 allowance is read from, for `upto` "
+                        "(default: the devnet's when the server is a paywire devnet, else the "
+                        "network's public node: Base, Base Sepolia)")
+    parser.add_argument("--scheme", choices=("auto", "upto", "exact"), default="auto",
+                        help="x402 scheme: upto pays what the call used (EVM, the payer's Permit2 "
+                        "approval needed), exact pays the quote; auto: upto when offered and "
+                        "payable, else exact (default: %(default)s)")
     parser.add_argument(
         "--max-validity", type=int, default=DEFAULT_LIMITS.max_validity_seconds, metavar="SECONDS",
         help="the longest a signed payment stays valid: a quote asking for longer gets a payment "
@@ -66,7 +74,15 @@ def payer_keys(payer: PayerSettings, solana_rpc: str | None, url: str) -> tuple[
         raise PayError("no payer key: set PAYWIRE_PAYER_KEY, or run `paywire serve` "
                        "(devnet) from this folder first to create the demo payer")
     keys = PayerKeys(evm_key=demo.evm_payer, solana_key=demo.sol_payer)  # type: ignore[attr-defined]
-    return keys, solana_rpc or asyncio.run(_devnet_solana_rpc(url))
+    return keys, solana_rpc or asyncio.run(devnet_rpc(url, "solana"))
+
+
+def evm_rpc(args: argparse.Namespace, url: str) -> str | None:
+    """The EVM node to read the chain with: --evm-rpc, else a devnet paywire's at `url` (asked
+    only when `upto` may be paid); None: the network's public node (payments/payer.evm_node)."""
+    if args.evm_rpc or args.scheme == "exact":
+        return args.evm_rpc or None
+    return asyncio.run(devnet_rpc(url, "evm"))
 
 
 def _demo_keys(data_dir: Path) -> object | None:
@@ -78,9 +94,9 @@ def _demo_keys(data_dir: Path) -> object | None:
     return DevnetKeys(**json.loads(path.read_text()))
 
 
-async def _devnet_solana_rpc(url: str) -> str | None:
-    """A devnet paywire announces its Solana RPC at /devnet; other servers do not (their answer
-    is read within the client's limits, like any other)."""
+async def devnet_rpc(url: str, family: str) -> str | None:
+    """A devnet paywire announces its nodes ("evm", "solana") at /devnet; other servers do not
+    (their answer is read within the client's limits, like any other)."""
     import httpx
 
     from payments.client_limits import NO_COMPRESSION, AnswerTooLarge, read_bounded
@@ -91,7 +107,7 @@ async def _devnet_solana_rpc(url: str) -> str | None:
             async with http.stream("GET", f"{parts.scheme}://{parts.netloc}/devnet",
                                    headers=NO_COMPRESSION) as answer:
                 info = json.loads(await read_bounded(answer, DEFAULT_LIMITS.quote_bytes))
-        return str(info["networks"]["solana"]["rpc_url"])
+        return str(info["networks"][family]["rpc_url"])
     except (httpx.HTTPError, AnswerTooLarge, TimeoutError, ValueError, KeyError, TypeError):
         return None
 

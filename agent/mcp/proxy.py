@@ -7,9 +7,11 @@ paywire's `/mcp`, or any server speaking x402's MCP transport), passes its tool 
 PaymentRequired (a tool result with `isError` and the quote), it picks the option for the
 configured network, checks the caps BEFORE signing (per call: the price; per UTC day: what the
 spend ledger counts plus the price, reserved in one transaction), signs with the user's key (the
-code of `paywire pay`), calls again with the payment in `_meta["x402/payment"]`, and returns the
-result with the receipt (`_meta["x402/payment-response"]`). Over a cap: an `isError` result
-naming the cap, the price and how to raise it; nothing is signed.
+code of `paywire pay`: `upto` on EVM when offered and the payer approved Permit2, so the call is
+charged what it used; the ledger counts the maximum until the receipt says what moved), calls
+again with the payment in `_meta["x402/payment"]`, and returns the result with the receipt
+(`_meta["x402/payment-response"]`). Over a cap: an `isError` result naming the cap, the price and
+how to raise it; nothing is signed.
 
 stdout is the MCP channel: logs go to stderr, and never carry the key, a payment or a tool's
 arguments.
@@ -59,7 +61,10 @@ from payments.money import display_usd, usd_to_atomic
 from payments.payer import (
     PayerKeys,
     PayError,
+    Scheme,
     choose_option,
+    payable_scheme,
+    settled_atomic,
     sign_payment,
     signed_validity,
     usd_value,
@@ -93,6 +98,8 @@ class ProxyConfig:
     network: str | None = None  # "evm" | "solana" | a network id; None: the first payable
     solana_rpc_url: str | None = None
     limits: ClientLimits = DEFAULT_LIMITS  # what the remote is allowed (validity, answer sizes)
+    scheme: Scheme = "auto"  # auto: `upto` on EVM when offered and payable, else `exact`
+    evm_rpc_url: str | None = None  # the node the payer's Permit2 allowance is read from
 
 
 def _result(text: str) -> types.CallToolResult:
@@ -122,10 +129,13 @@ def _payer_address(keys: PayerKeys, network: str) -> str | None:
 
 
 def _valid_before(payload: Any) -> int | None:
-    """An EVM authorization's `validBefore` (seconds), when the payment has one."""
+    """An EVM authorization's `validBefore` (EIP-3009) or a Permit2 permit's `deadline`
+    (seconds), when the payment has one."""
     inner = getattr(payload, "payload", None)
-    authorization = inner.get("authorization") if isinstance(inner, dict) else None
-    value = authorization.get("validBefore") if isinstance(authorization, dict) else None
+    inner = inner if isinstance(inner, dict) else {}
+    authorization, permit = inner.get("authorization"), inner.get("permit2Authorization")
+    value = (authorization.get("validBefore") if isinstance(authorization, dict)
+             else permit.get("deadline") if isinstance(permit, dict) else None)
     text = str(value) if value is not None else ""
     return int(text) if text.isdigit() and len(text) <= 12 else None
 
@@ -163,9 +173,13 @@ class PayingProxy:
                             required: PaymentRequired | PaymentRequiredV1) -> types.CallToolResult:
         config, caps = self.config, self.config.caps
         try:
-            chosen = choose_option(required, config.keys, config.network)
+            chosen, why = await payable_scheme(
+                required, choose_option(required, config.keys, config.network, config.scheme),
+                config.keys, config.evm_rpc_url, config.scheme)
         except PayError as exc:
             return _result(f"paywire mcp: not paid: {exc}. Nothing was signed.")
+        if why:
+            log.warning("%s: %s", name, why)
         amount, network, asset = chosen.get_amount(), str(chosen.network), str(chosen.asset)
         price = usd_value(amount, asset, network)
         if price is None:
@@ -196,7 +210,7 @@ class PayingProxy:
             log.warning("%s: %s", name, note)
         try:
             payload = await sign_payment(required, chosen, config.keys, config.solana_rpc_url,
-                                         max_validity)
+                                         max_validity, config.evm_rpc_url)
         except BaseException as exc:
             await asyncio.to_thread(self.ledger.release, row)
             if isinstance(exc, Exception):
@@ -222,17 +236,21 @@ class PayingProxy:
                 f"paywire mcp: the paid call to {name} got no answer ({type(exc).__name__}); the "
                 f"payment of {display_usd(price)} ({where}) may have been settled and counts "
                 "against today's cap (`paywire mcp --spent` lists it).")
-        return await self._settled(name, row, paid, price, where)
+        return await self._settled(name, row, paid, chosen, where)
 
-    async def _settled(self, name: str, row: int, paid: types.CallToolResult, price: Decimal,
+    async def _settled(self, name: str, row: int, paid: types.CallToolResult, chosen: Any,
                        where: str) -> types.CallToolResult:
         """Record what the answer says of the payment; the answer goes back with its receipt."""
         answer = _as_x402(paid)
         receipt: SettleResponse | None = extract_payment_response_from_meta(answer)
         refused = extract_payment_required_from_result(answer) if paid.isError else None
+        price = usd_value(chosen.get_amount(), str(chosen.asset), str(chosen.network)) or Decimal(0)
+        charged = _charged(receipt, chosen)
         if receipt is not None and receipt.success:
             status = "settled"
-            note = f"paid {display_usd(price)} ({where}), transaction {receipt.transaction}"
+            paid_text = (f"{display_usd(micros_usd(charged[1]))} of at most {display_usd(price)} "
+                         "(upto)" if charged is not None else display_usd(price))
+            note = f"paid {paid_text} ({where}), transaction {receipt.transaction}"
         elif refused is not None or (receipt is not None and not receipt.success):
             reason = (receipt.error_reason if receipt is not None else None) or getattr(
                 refused, "error", None) or "refused"
@@ -242,14 +260,22 @@ class PayingProxy:
             status, note = "unknown", (f"the answer carries no receipt for the payment of "
                                        f"{display_usd(price)} ({where}); it counts as spent")
         await asyncio.to_thread(self.ledger.finish, row, status,  # type: ignore[arg-type]
-                                tx_hash=receipt.transaction if receipt else None,
-                                detail=None if status == "settled" else note[:500])
+                                tx_hash=(receipt.transaction or None) if receipt else None,
+                                detail=None if status == "settled" else note[:500], charged=charged)
         log.info("%s: %s", name, note)
         day, spent = await asyncio.to_thread(self.ledger.spent_today)
         summary = (f"paywire mcp: {note}. Today (UTC {day}): {display_usd(micros_usd(spent))} of "
                    f"{display_usd(self.config.caps.per_day)}.")
         return paid.model_copy(update={
             "content": [*paid.content, types.TextContent(type="text", text=summary)]})
+
+
+def _charged(receipt: SettleResponse | None, chosen: Any) -> tuple[int, int] | None:
+    """An `upto` payment's charge as the receipt states it: (atomic, micro-dollars); None for
+    `exact` (the whole amount) or a receipt that states no usable amount (the maximum counts)."""
+    atomic = settled_atomic(receipt, chosen) if chosen.scheme == "upto" else None
+    usd = None if atomic is None else usd_value(str(atomic), str(chosen.asset), str(chosen.network))
+    return None if atomic is None or usd is None else (atomic, usd_to_atomic(usd))
 
 
 def build_server(proxy: PayingProxy, upstream: types.InitializeResult) -> Server[Any]:
