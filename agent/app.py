@@ -32,6 +32,7 @@ from agent.pipeline.gateway import Gateway
 from agent.settings import ConfigError, Settings
 from agent.version import VERSION
 from compat import marketplace, openai_api
+from payments.chain_fees import ChainFeeMeter
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
 from payments.controls import Controls
 from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavailable
@@ -80,6 +81,7 @@ class Runtime:
     upstreams: UpstreamClient | None = None  # the model providers' client (its retry settings)
     metrics: Metrics | None = None  # GET /metrics (None: PAYWIRE_METRICS is off)
     refunds: RefundPolicy | None = None  # Solana refunds: the receipt's note (`refund_note`)
+    fee_meter: ChainFeeMeter | None = None  # the chain fees' meter (its background task's)
 
 
 class ServerTimingTotal:
@@ -380,6 +382,15 @@ def refund_batchers(settings: Settings, devnet: Any | None, ledger: Ledger,
                     for n in networks if n.caip2 in chain_rpcs]
 
 
+def chain_fee_meter(settings: Settings, ledger: Ledger, chain_rpcs: Mapping[str, JsonRpc],
+                    owner: str) -> ChainFeeMeter:
+    """The fees our transactions paid, read after the fact through the RPCs the reconciler asks,
+    by one replica a turn (payments/chain_fees.py)."""
+    return ChainFeeMeter(ledger, chain_rpcs, owner=owner,
+                         interval_seconds=settings.chain_fees_interval_seconds,
+                         retry_seconds=settings.chain_fees_interval_seconds)
+
+
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
     if settings.devnet and devnet is None:
@@ -413,6 +424,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     refund_policy, refunders = refund_batchers(settings, devnet, ledger, chain_rpcs, policy.owner)
     reconciler = Reconciler(ledger, chain_asker(chain_rpcs.get), policy,
                             interval_seconds=settings.reconcile_interval_seconds)
+    fee_meter = chain_fee_meter(settings, ledger, chain_rpcs, policy.owner)
     metrics = Metrics(VERSION) if settings.metrics else None  # a registry per app: see observability
     controls = Controls(engine, refresh_seconds=settings.controls_refresh_seconds)
     gateway = Gateway(registry, processor, ledger,
@@ -427,7 +439,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
-                      metrics, refund_policy)
+                      metrics, refund_policy, fee_meter)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
@@ -463,6 +475,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       asyncio.create_task(reconciler.run_forever()),
                       # Solana refunds: open ones finished, a batch per period (one replica)
                       *(asyncio.create_task(r.run_forever()) for r in refunders),
+                      asyncio.create_task(fee_meter.run_forever()),
                       asyncio.create_task(controls.run_forever())]
         async with mcp.running():  # the MCP SDK's task group: each /mcp request's server runs in it
             yield
@@ -521,7 +534,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
 
         # the operator API and page (agent/operator/admin.py); the controls behind the same token
         route_list.append(admin_mount(settings.secret("admin_token"), engine, extra_routes=(
-            control_routes(controls, gateway.catalogue))))
+            control_routes(controls, gateway.catalogue)), prices=settings.fee_prices))
     if devnet is not None:
         from agent.devnet.http import routes as devnet_routes
 

@@ -16,7 +16,14 @@ Days are UTC days of `created_at` (when the payment was claimed; a settlement fo
 call, and the ledger keeps no separate settlement time), and a period is [since, until).
 
 Margin is honest: revenue - the settled calls' upstream cost - `unbilled_cost_usd`, the upstream
-cost of calls that failed after the upstream billed (released or failed rows with a cost).
+cost of calls that failed after the upstream billed (released or failed rows with a cost) - the
+chain fees paywire's transactions paid (`paywire_chain_fees`, read from the chain by
+payments/chain_fees.py), in USD where the operator set the native token's price (`FeePrices`);
+fees of a token without a price are shown in its smallest unit and named `chain_fees_unpriced`,
+left out of the margin. A fee counts on the UTC day of its row's `at`: a settlement's is its
+payment's `created_at` (its revenue's day), a refund's its refund's, a channel transaction's when
+it was registered. Fees join the revenue groups by network and day, and by skill through their
+payment (a settlement's); fees of no payment (refunds, channel claims) form a group of no skill.
 
 SQLite reads run on a stdlib connection in a worker thread (a month's report must not hold the
 event loop); PostgreSQL's on the async engine.
@@ -28,25 +35,50 @@ import asyncio
 import base64
 import binascii
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
 from decimal import Context, Decimal, Inexact, InvalidOperation, Rounded
 from typing import Any
 
-from sqlalchemy import Engine, String, and_, case, create_engine, event, func, literal, or_, select, true
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    String,
+    and_,
+    case,
+    cast,
+    create_engine,
+    event,
+    func,
+    literal,
+    or_,
+    select,
+    true,
+)
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql import ColumnElement, Select
 
-from .ledger_schema import UNFINISHED, PaymentState, RefundState, payments_table, refunds_table
+from .chain_fees import NATIVE_TOKENS, SOL, FeePrices, NativeToken, native_token
+from .ledger_schema import (
+    UNFINISHED,
+    ChainFeeState,
+    PaymentState,
+    RefundState,
+    chain_fees_table,
+    payments_table,
+    refunds_table,
+)
 from .money import USDC_DECIMALS, atomic_to_usd
 from .refund_ledger import OWED_AMOUNT, owed_clause
 
 __all__ = [
-    "GROUPINGS", "Accounting", "AccountingInputError", "Cursor", "PaymentFilter", "PaymentLine",
-    "PaymentPage", "Period", "RevenueLine", "RevenueReport", "decimal_text", "parse_by",
-    "parse_moment", "parse_month",
+    "GROUPINGS", "Accounting", "AccountingInputError", "Cursor", "FeeLine", "FeePerCall",
+    "FeeReport", "FeeSum", "FeeTotal", "PaymentFilter", "PaymentLine", "PaymentPage", "Period",
+    "RevenueLine", "RevenueReport", "decimal_text", "fee_column", "parse_by", "parse_moment",
+    "parse_month",
 ]
 
 GROUPINGS = ("skill", "network", "day")
@@ -176,6 +208,137 @@ def _aware(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
+# -- chain fees ------------------------------------------------------------------------------------
+
+def fee_column(token: NativeToken) -> str:
+    """A token's fee column: `chain_fees_eth_wei`, `chain_fees_sol_lamports`."""
+    return f"chain_fees_{token.symbol.lower()}_{token.unit}"
+
+
+@dataclass(frozen=True)
+class FeeSum:
+    """The recorded chain fees of one group: per native token in its smallest unit (exact), and
+    in USD for the tokens whose price is set (the rest named in `unpriced`)."""
+
+    transactions: int = 0
+    native: tuple[tuple[str, int], ...] = ()  # (token symbol, amount), by symbol
+    usd: Decimal = ZERO
+    unpriced: tuple[str, ...] = ()
+
+    @staticmethod
+    def of(network: str, transactions: int, fee: int, prices: FeePrices) -> FeeSum:
+        token = native_token(network)
+        usd = prices.usd_of(token, fee)
+        return FeeSum(transactions, ((token.symbol, fee),), usd if usd is not None else ZERO,
+                      () if usd is not None or not fee else (token.symbol,))
+
+    def amount(self, token: NativeToken) -> int:
+        return dict(self.native).get(token.symbol, 0)
+
+    def plus(self, other: FeeSum) -> FeeSum:
+        native = dict(self.native)
+        for symbol, amount in other.native:
+            native[symbol] = native.get(symbol, 0) + amount
+        return FeeSum(self.transactions + other.transactions, tuple(sorted(native.items())),
+                      _add(self.usd, other.usd), tuple(sorted({*self.unpriced, *other.unpriced})))
+
+    def figures(self) -> dict[str, Any]:
+        """Native amounts as decimal strings (wei passes JavaScript's exact integers); the tokens
+        without a price with their amounts (in neither `chain_fees_usd` nor the margin)."""
+        return {"chain_fee_transactions": self.transactions,
+                **{fee_column(token): str(self.amount(token)) for token in NATIVE_TOKENS},
+                "chain_fees_usd": decimal_text(self.usd),
+                "chain_fees_unpriced": [
+                    {"token": token.symbol, "amount": str(self.amount(token)), "unit": token.unit}
+                    for token in NATIVE_TOKENS if token.symbol in self.unpriced]}
+
+
+@dataclass(frozen=True)
+class FeeLine:
+    """The recorded fees of one day, network and kind of transaction."""
+
+    day: str
+    network: str
+    kind: str
+    transactions: int = 0
+    reverted: int = 0  # transactions that failed on chain: their gas was paid all the same
+    gas_used: int = 0  # EVM
+    fee: int = 0  # in the network's native token's smallest unit
+    usd: Decimal | None = None  # None: the token has no price
+
+    def as_dict(self) -> dict[str, Any]:
+        token = native_token(self.network)
+        return {"day": self.day, "network": self.network, "kind": self.kind,
+                "transactions": self.transactions, "reverted": self.reverted,
+                "gas_used": self.gas_used if token is not SOL else None,  # Solana: no gas
+                "fee": str(self.fee), "token": token.symbol,
+                "unit": token.unit, "fee_usd": _text_or_none(self.usd)}
+
+
+@dataclass(frozen=True)
+class FeePerCall:
+    """One day and network: every kind of transaction's gas and fees over its paid calls (a
+    channel's claims amortized over the calls they carried)."""
+
+    day: str
+    network: str
+    paid_calls: int
+    transactions: int
+    gas_used: int
+    fee: int
+    usd: Decimal | None
+
+    def per_call(self, amount: Decimal | int | None, places: str) -> Decimal | None:
+        """A per-call figure, rounded to `places` (a display figure; the totals are exact)."""
+        if amount is None or not self.paid_calls:
+            return None
+        return (Decimal(amount) / self.paid_calls).quantize(Decimal(places))
+
+    def as_dict(self) -> dict[str, Any]:
+        token = native_token(self.network)
+        gas = self.per_call(self.gas_used, "0.01") if token is not SOL else None  # Solana: no gas
+        return {"day": self.day, "network": self.network, "paid_calls": self.paid_calls,
+                "transactions": self.transactions,
+                "gas_used": self.gas_used if token is not SOL else None,
+                "fee": str(self.fee), "token": token.symbol, "unit": token.unit,
+                "fee_usd": _text_or_none(self.usd), "gas_per_paid_call": _text_or_none(gas),
+                "fee_per_paid_call": _text_or_none(self.per_call(self.fee, "0.01")),
+                "fee_usd_per_paid_call": _text_or_none(self.per_call(self.usd, "1E-9"))}
+
+
+@dataclass(frozen=True)
+class FeeReport:
+    """The period's chain fees by day, network and kind; per paid call by day and network; how
+    many transactions wait to be read (or were given up), and the prices used."""
+
+    lines: list[FeeLine]
+    per_call: list[FeePerCall]
+    waiting: int
+    missing: int
+    prices: FeePrices
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prices_usd": self.prices.as_dict(), "lines": [line.as_dict() for line in self.lines],
+                "per_paid_call": [line.as_dict() for line in self.per_call],
+                "waiting": self.waiting, "missing": self.missing}
+
+
+@dataclass(frozen=True)
+class FeeTotal:
+    """All of one network's, kind's and state's transactions (for /metrics)."""
+
+    network: str
+    kind: str
+    state: str
+    transactions: int
+    gas_used: int
+    fee: int
+
+
+def _text_or_none(amount: Decimal | None) -> str | None:
+    return None if amount is None else decimal_text(amount)
+
+
 # -- revenue ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -195,6 +358,7 @@ class RevenueLine:
     pending_atomic: int = 0
     refunded_atomic: int = 0  # given back to payers (Solana refunds, confirmed)
     refund_owed_atomic: int = 0  # owed back, not confirmed yet (or refunds are off)
+    chain_fees: FeeSum = FeeSum()  # what this group's transactions paid in fees
 
     @property
     def revenue_usd(self) -> Decimal:
@@ -202,8 +366,9 @@ class RevenueLine:
 
     @property
     def margin_usd(self) -> Decimal:
-        return EXACT.subtract(EXACT.subtract(self.revenue_usd, self.upstream_cost_usd),
-                              self.unbilled_cost_usd)
+        """Revenue - upstream cost - unbilled cost - the chain fees priced in USD."""
+        costs = _add(_add(self.upstream_cost_usd, self.unbilled_cost_usd), self.chain_fees.usd)
+        return EXACT.subtract(self.revenue_usd, costs)
 
     def plus(self, other: RevenueLine) -> RevenueLine:
         return replace(
@@ -214,7 +379,8 @@ class RevenueLine:
             pending_calls=self.pending_calls + other.pending_calls,
             pending_atomic=self.pending_atomic + other.pending_atomic,
             refunded_atomic=self.refunded_atomic + other.refunded_atomic,
-            refund_owed_atomic=self.refund_owed_atomic + other.refund_owed_atomic)
+            refund_owed_atomic=self.refund_owed_atomic + other.refund_owed_atomic,
+            chain_fees=self.chain_fees.plus(other.chain_fees))
 
     def figures(self) -> dict[str, Any]:
         """The numbers as JSON: amounts as exact decimal strings, atomic amounts as integers."""
@@ -224,11 +390,17 @@ class RevenueLine:
             "upstream_cost_usd": decimal_text(self.upstream_cost_usd),
             "failed_calls": self.failed_calls,
             "unbilled_cost_usd": decimal_text(self.unbilled_cost_usd),
+            **self.chain_fees.figures(),
             "margin_usd": decimal_text(self.margin_usd),
             "pending_calls": self.pending_calls, "pending_atomic": self.pending_atomic,
             "refunded_atomic": self.refunded_atomic,
             "refund_owed_atomic": self.refund_owed_atomic,
         }
+
+    def active(self) -> bool:
+        """Some payment or transaction counts in this group."""
+        return bool(self.calls or self.failed_calls or self.pending_calls
+                    or self.chain_fees.transactions)
 
     def keys(self, by: Sequence[str]) -> dict[str, str | None]:
         return {name: getattr(self, name) for name in by}
@@ -240,10 +412,12 @@ class RevenueReport:
     period: Period
     lines: list[RevenueLine]
     total: RevenueLine
+    prices: FeePrices = FeePrices()  # the native tokens' USD prices its chain fees are priced at
 
     def as_dict(self) -> dict[str, Any]:
         return {"by": list(self.by), "period": self.period.as_dict(), "currency": "USD",
                 "asset": "USDC", "decimals": USDC_DECIMALS, "day": "UTC day of created_at",
+                "chain_fees_prices_usd": self.prices.as_dict(),
                 "lines": [line.keys(self.by) | line.figures() for line in self.lines],
                 "total": self.total.figures()}
 
@@ -374,13 +548,13 @@ class PaymentPage:
 
 # -- the queries -----------------------------------------------------------------------------------
 
-def _in_period(period: Period) -> list[ColumnElement[bool]]:
-    t = payments_table
+def _in_period(period: Period, moment: ColumnElement[Any] = payments_table.c.created_at
+               ) -> list[ColumnElement[bool]]:
     clauses: list[ColumnElement[bool]] = []
     if period.since is not None:
-        clauses.append(t.c.created_at >= period.since)
+        clauses.append(moment >= period.since)
     if period.until is not None:
-        clauses.append(t.c.created_at < period.until)
+        clauses.append(moment < period.until)
     return clauses
 
 
@@ -406,10 +580,12 @@ def _sqlite_connection(dbapi_conn: Any, _record: Any = None) -> None:
 
 
 class Accounting:
-    """The accounting queries over the ledger's database (the ledger's async engine)."""
+    """The accounting queries over the ledger's database (the ledger's async engine); `prices`:
+    the native tokens' USD prices, for the chain fees."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, prices: FeePrices | None = None) -> None:
         self._engine = engine
+        self.prices = prices or FeePrices()
         self._sqlite: Engine | None = None
         if engine.dialect.name == "sqlite":
             # A connection per query (NullPool): nothing to close, and nothing held between the
@@ -432,11 +608,10 @@ class Accounting:
 
     # -- revenue -------------------------------------------------------------------------------
 
-    def _day(self) -> ColumnElement[Any]:
-        created = payments_table.c.created_at
+    def _day(self, moment: ColumnElement[Any] = payments_table.c.created_at) -> ColumnElement[Any]:
         if self._sqlite is not None:  # stored as 'YYYY-MM-DD HH:MM:SS.ffffff' in UTC
-            return func.substr(created, 1, 10)
-        return func.to_char(func.timezone("UTC", created), "YYYY-MM-DD")
+            return func.substr(moment, 1, 10)
+        return func.to_char(func.timezone("UTC", moment), "YYYY-MM-DD")
 
     def _cost_sum(self, value: ColumnElement[Any]) -> ColumnElement[Any]:
         if self._sqlite is not None:
@@ -477,24 +652,132 @@ class Accounting:
         if by:
             grouped = [keys[name] for name in by]
             statement = statement.group_by(*grouped).order_by(*grouped)
+        fee_groups = await self._fee_groups(period)
+        fees = self._fees_by(by, fee_groups)
         lines: list[RevenueLine] = []
         for row in await self._all(statement):
+            keys = {name: (str(row[name]) if row[name] is not None else None) for name in by}
             line = RevenueLine(
-                **{name: (str(row[name]) if row[name] is not None else None) for name in by},
-                calls=int(row["calls"]), revenue_atomic=int(row["revenue"]),
+                **keys, calls=int(row["calls"]), revenue_atomic=int(row["revenue"]),
                 upstream_cost_usd=_decimal(row["cost"]), failed_calls=int(row["failed"]),
                 unbilled_cost_usd=_decimal(row["unbilled"]), pending_calls=int(row["pending"]),
                 pending_atomic=int(row["pending_atomic"]), refunded_atomic=int(row["refunded"]),
-                refund_owed_atomic=int(row["refund_owed"]))
-            if by and not (line.calls or line.failed_calls or line.pending_calls):
+                refund_owed_atomic=int(row["refund_owed"]),
+                chain_fees=fees.pop(tuple(keys.values()), FeeSum()))
+            if by and not line.active():
                 continue
             lines.append(line)
+        if by and fees:  # groups with fees and no payment (a refund's day, channel claims)
+            lines += [RevenueLine(**dict(zip(by, key, strict=True)), chain_fees=fee)
+                      for key, fee in fees.items()]
+            lines.sort(key=lambda line: [(v is None, v or "") for v in line.keys(by).values()])
         total = RevenueLine()
         for line in lines:
             total = total.plus(line)
         if not by:  # the one line is the total; no payments: no line
-            lines = [total] if total.calls or total.failed_calls or total.pending_calls else []
-        return RevenueReport(tuple(by), period, lines, total)
+            lines = [total] if total.active() else []
+        return RevenueReport(tuple(by), period, lines, total, self.prices)
+
+    # -- chain fees ----------------------------------------------------------------------------
+
+    async def chain_fees(self, period: Period | None = None, *, per_call: bool = True
+                         ) -> FeeReport:
+        """The period's chain fees by day, network and kind, and (`per_call`) per paid call."""
+        period = period or Period()
+        return await self._fee_report(period, await self._fee_groups(period), per_call)
+
+    async def _fee_groups(self, period: Period) -> list[Any]:
+        """Recorded fees by day, network, kind and skill (a settlement's payment's; else None)."""
+        f = chain_fees_table
+        day = self._day(f.c.at)
+        return await self._fee_sums(lambda fee_sum: (
+            select(day.label("day"), f.c.network, f.c.kind, f.c.skill,
+                   func.count().label("n"),
+                   func.count(case((f.c.succeeded.is_(False), 1))).label("reverted"),
+                   func.coalesce(func.sum(f.c.gas_used), 0).label("gas"),
+                   fee_sum(f.c.fee).label("fee"))
+            .where(and_(f.c.state == ChainFeeState.RECORDED, *_in_period(period, f.c.at)))
+            .group_by(day, f.c.network, f.c.kind, f.c.skill)))
+
+    async def _fee_sums(self, statement: Callable[[Callable[[Any], Any]], Select[Any]]
+                        ) -> list[Any]:
+        """`statement(fee_sum)` run with an exact sum of the fee column. On SQLite (decimal text)
+        its 64-bit integer sum first, 3x faster than the Decimal aggregate, unless a fee has more
+        than 18 digits (it would not cast exactly) or a sum passes 2^63 (SQLite raises "integer
+        overflow", never a wrong figure): then the Decimal aggregate, exact at any size."""
+        if self._sqlite is None:
+            return await self._all(statement(func.sum))
+        fee = chain_fees_table.c.fee
+        fast = statement(lambda column: func.sum(cast(column, BigInteger))).add_columns(
+            func.max(func.length(fee)).label("fee_digits"))
+        try:
+            rows = await self._all(fast)
+            if all((row["fee_digits"] or 0) <= 18 for row in rows):
+                return rows
+        except OperationalError as exc:
+            if "integer overflow" not in str(exc):
+                raise
+        return await self._all(statement(self._cost_sum))
+
+    def _fees_by(self, by: Sequence[str], groups: list[Any]) -> dict[tuple[Any, ...], FeeSum]:
+        """The fee groups summed by the report's keys (skill, network, day)."""
+        out: dict[tuple[Any, ...], FeeSum] = {}
+        for g in groups:
+            key = tuple(g[name] for name in by)
+            fee = FeeSum.of(g["network"], int(g["n"]), _whole(g["fee"]), self.prices)
+            out[key] = out[key].plus(fee) if key in out else fee
+        return out
+
+    async def _fee_report(self, period: Period, groups: list[Any], per_call: bool) -> FeeReport:
+        lines: dict[tuple[str, str, str], FeeLine] = {}
+        for g in groups:
+            key = (g["day"], g["network"], g["kind"])
+            was = lines.get(key, FeeLine(*key))
+            lines[key] = replace(was, transactions=was.transactions + int(g["n"]),
+                                 reverted=was.reverted + int(g["reverted"]),
+                                 gas_used=was.gas_used + int(g["gas"]),
+                                 fee=was.fee + _whole(g["fee"]))
+        priced = [replace(line, usd=self.prices.usd_of(native_token(line.network), line.fee))
+                  for _, line in sorted(lines.items())]
+        calls = await self._per_call(period, priced) if per_call else []
+        f = chain_fees_table
+        unread = {row["state"]: int(row["n"]) for row in await self._all(
+            select(f.c.state, func.count().label("n"))
+            .where(and_(f.c.state != ChainFeeState.RECORDED, *_in_period(period, f.c.at)))
+            .group_by(f.c.state))}
+        return FeeReport(priced, calls, unread.get(ChainFeeState.WAITING, 0),
+                         unread.get(ChainFeeState.MISSING, 0), self.prices)
+
+    async def _per_call(self, period: Period, lines: list[FeeLine]) -> list[FeePerCall]:
+        """Every kind's fees by day and network, over the settled calls of that day and network."""
+        if not lines:  # no fee: no need to count the calls
+            return []
+        t = payments_table
+        day = self._day()
+        calls = {(row["day"], row["network"]): int(row["n"]) for row in await self._all(
+            select(day.label("day"), t.c.network, func.count().label("n"))
+            .where(and_(t.c.state == PaymentState.SETTLED, *_in_period(period)))
+            .group_by(day, t.c.network))}
+        out: dict[tuple[str, str], FeePerCall] = {}
+        for line in lines:
+            key = (line.day, line.network)
+            was = out.get(key, FeePerCall(*key, calls.get(key, 0), 0, 0, 0, None))
+            usd = None if line.usd is None else _add(was.usd or ZERO, line.usd)
+            out[key] = replace(was, transactions=was.transactions + line.transactions,
+                               gas_used=was.gas_used + line.gas_used, fee=was.fee + line.fee,
+                               usd=usd)
+        return [out[key] for key in sorted(out)]
+
+    async def fee_totals(self) -> list[FeeTotal]:
+        """Every transaction's fee by network, kind and state, since the beginning (/metrics)."""
+        f = chain_fees_table
+        rows = await self._fee_sums(lambda fee_sum: (
+            select(f.c.network, f.c.kind, f.c.state, func.count().label("n"),
+                   func.coalesce(func.sum(f.c.gas_used), 0).label("gas"),
+                   fee_sum(f.c.fee).label("fee"))
+            .group_by(f.c.network, f.c.kind, f.c.state)))
+        return [FeeTotal(row["network"], row["kind"], row["state"], int(row["n"]), int(row["gas"]),
+                         _whole(row["fee"])) for row in rows]
 
     # -- payments ------------------------------------------------------------------------------
 
@@ -565,13 +848,15 @@ class Accounting:
         now = _aware(now or datetime.now(UTC))
         period = Period(now - timedelta(days=days), now)
         day = Period(now - timedelta(hours=24), now)
-        report, last_day, counts = await asyncio.gather(
-            self.revenue(period=period), self.revenue(period=day), self.counts())
+        report, last_day, counts, fees = await asyncio.gather(
+            self.revenue(period=period), self.revenue(period=day), self.counts(),
+            self.chain_fees(period, per_call=False))
         unfinished = await self.pending(limit=MAX_PAGE)
         stuck = sum(1 for p in unfinished if (p.lease_left_seconds(now) or 0) <= 0)
         return {
             "now": _iso(now), "days": days, "period": period.as_dict(),
             "totals": report.total.figures(), "last_24h": last_day.total.figures(),
+            "chain_fees": fees.as_dict(),
             "by_state": counts,
             "failures_24h": last_day.total.failed_calls,
             "pending": {"count": counts["claimed"] + counts["settling"] + counts["pending"],
@@ -589,6 +874,11 @@ def _bounded(limit: int) -> int:
 
 def _decimal(value: Any) -> Decimal:
     return ZERO if value is None else Decimal(str(value))
+
+
+def _whole(value: Any) -> int:
+    """An exact sum of whole numbers (NUMERIC on PostgreSQL, decimal text on SQLite)."""
+    return 0 if value is None else int(Decimal(str(value)))
 
 
 _T = payments_table

@@ -10,12 +10,19 @@ import io
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from .accounting import PaymentLine, RevenueReport
+from .accounting import FeeReport, PaymentLine, RevenueReport, fee_column
+from .chain_fees import NATIVE_TOKENS
 
 TOTAL = "(total)"  # the total row's value in every grouping column
 
+# margin_usd = revenue_usd - upstream_cost_usd - unbilled_cost_usd - chain_fees_usd (the fees of
+# tokens with a USD price; each token's fees in its smallest unit in its own column)
 REVENUE_FIGURES = ("calls", "revenue_atomic", "revenue_usd", "upstream_cost_usd", "failed_calls",
-                   "unbilled_cost_usd", "margin_usd", "pending_calls", "pending_atomic")
+                   "unbilled_cost_usd", "margin_usd", "pending_calls", "pending_atomic",
+                   "chain_fee_transactions", *(fee_column(t) for t in NATIVE_TOKENS),
+                   "chain_fees_usd")
+FEE_COLUMNS = ("day", "network", "kind", "transactions", "reverted", "gas_used", "fee", "token",
+               "unit", "fee_usd")
 
 
 def _row(values: Iterable[Any]) -> str:
@@ -34,6 +41,15 @@ def revenue_csv(report: RevenueReport) -> Iterator[str]:
     if report.by:
         figures = report.total.figures()
         yield _row([*(TOTAL for _ in report.by), *(figures[k] for k in REVENUE_FIGURES)])
+
+
+def chain_fees_csv(report: FeeReport) -> Iterator[str]:
+    """The chain fees by day, network and kind (`fee` in the token's smallest unit; `fee_usd`
+    empty when the token has no price)."""
+    yield _row(FEE_COLUMNS)
+    for line in report.lines:
+        shown = line.as_dict()
+        yield _row(shown[name] for name in FEE_COLUMNS)
 
 
 async def payments_csv(lines: AsyncIterator[PaymentLine]) -> AsyncIterator[str]:

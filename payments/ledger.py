@@ -20,7 +20,7 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,6 +32,7 @@ from sqlalchemy import (
     Engine,
     and_,
     bindparam,
+    case,
     create_engine,
     delete,
     event,
@@ -48,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .ledger_schema import (
     UNFINISHED,
     PaymentState,
+    channels_table,
     events_table,
     payments_table,
     results_table,
@@ -55,8 +57,8 @@ from .ledger_schema import (
 )
 
 __all__ = [
-    "AlreadyUsed", "ClaimRequest", "Claimed", "Existing", "Ledger", "PaymentKey", "PaymentRow",
-    "PaymentState", "StoredResult",
+    "AlreadyUsed", "ClaimRequest", "Claimed", "Declined", "Existing", "Ledger", "PaymentKey",
+    "PaymentRow", "PaymentState", "StoredResult", "Within", "keep_result",
 ]
 
 
@@ -82,6 +84,8 @@ class ClaimRequest:
     skill_id: str
     request_digest: str
     payment_id: str | None = None  # the x402 payment-identifier extension's id, if sent
+    scheme: str = "exact"  # the x402 scheme the payment matched
+    channel_id: str | None = None  # a batch-settlement call's channel (payments/channels/)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class PaymentRow:
     error: str | None = None
     reruns: int = 0  # free re-runs taken for a result that did not reach its payer
     charged_atomic: int | None = None  # what the call was charged, when less than amount_atomic
+    scheme: str = "exact"  # the x402 scheme the payment matched
+    channel_id: str | None = None  # a batch-settlement call's channel
 
     @property
     def charged(self) -> int:
@@ -135,7 +141,8 @@ class PaymentRow:
             chain_ref=mapping["chain_ref"], owner=mapping["owner"],
             lease_until=mapping["lease_until"], delivered_at=mapping["delivered_at"],
             created_at=mapping["created_at"], error=mapping["error"], reruns=mapping["reruns"],
-            charged_atomic=mapping["charged_atomic"],
+            charged_atomic=mapping["charged_atomic"], scheme=mapping["scheme"],
+            channel_id=mapping["channel_id"],
         )
 
 
@@ -162,8 +169,28 @@ class Existing:
     row: PaymentRow
 
 
+@dataclass(frozen=True)
+class Declined:
+    """The claim's `within` declined (the channel is not this call's to use): nothing written."""
+
+
 class AlreadyUsed(Exception):
     """The payment is claimed or settled by another request."""
+
+
+# More writes in the same transaction as a row's change, given the connection and the row's id
+# (the channel store's reservation, payments/channels/store.py): False rolls the whole
+# transaction back, so the row and the channel change together or not at all.
+Within = Callable[[Any, str], Awaitable[bool]]
+
+
+class _Declined(Exception):
+    """Raised inside a write transaction to roll it back when `within` declines."""
+
+
+async def _run_within(within: Within | None, conn: Any, row_id: str) -> None:
+    if within is not None and not await within(conn, row_id):
+        raise _Declined
 
 
 # One line per state change (row id, states, transaction; never a signature or a key): what an
@@ -204,6 +231,15 @@ _SETTLED = (
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+async def keep_result(conn: Any, row_id: str, result: StoredResult, *, now: datetime,
+                      seconds: float) -> None:
+    """Keep a paid call's result for `seconds` (a retry carrying the same payment gets it), in
+    the caller's write transaction."""
+    await conn.execute(_INSERT_RESULT, {
+        "payment_row": row_id, "status": result.status, "media_type": result.media_type,
+        "body": result.body, "created_at": now, "expires_at": now + timedelta(seconds=seconds)})
 
 
 def _aware(moment: datetime) -> datetime:
@@ -361,10 +397,12 @@ class Ledger:
 
     # -- claiming ------------------------------------------------------------------------------
 
-    async def claim(self, req: ClaimRequest, *, owner: str, lease_seconds: float) -> Claimed | Existing:
+    async def claim(self, req: ClaimRequest, *, owner: str, lease_seconds: float,
+                    within: Within | None = None) -> Claimed | Existing | Declined:
         """Claim a payment for one call. A payment whose row is released (its call did not
         deliver), or claimed under a lease that ran out (its replica died before anything was
-        broadcast), is taken over; any other row is handed back for the caller to decide."""
+        broadcast), is taken over; any other row is handed back for the caller to decide.
+        `within` runs in the claim's transaction; when it declines, nothing is claimed."""
         key = req.key.normalized()
         now = _now()
         row_id = str(uuid.uuid4())
@@ -374,15 +412,18 @@ class Ledger:
             "skill_id": req.skill_id, "request_digest": req.request_digest,
             "state": PaymentState.CLAIMED, "payment_id": req.payment_id, "owner": owner,
             "lease_until": now + timedelta(seconds=lease_seconds),
-            "created_at": now, "updated_at": now,
+            "created_at": now, "updated_at": now, "scheme": req.scheme, "channel_id": req.channel_id,
         }
         try:
             async with self._write() as conn:
                 await conn.execute(_INSERT_PAYMENT, values)
+                await _run_within(within, conn, row_id)
             log.info("payment %s claimed (%s on %s)", row_id, req.skill_id, key.network)
             return Claimed(row_id)
         except IntegrityError:
             pass
+        except _Declined:
+            return Declined()
         t = payments_table
         try:
             async with self._write() as conn:
@@ -404,14 +445,18 @@ class Ledger:
                             lease_until=now + timedelta(seconds=lease_seconds), updated_at=now)
                     .returning(t.c.id)
                 )).scalar_one_or_none()
+                if taken is not None:
+                    await _run_within(within, conn, taken)
         except IntegrityError:  # the payment identifier is another row's
             taken = None
+        except _Declined:
+            return Declined()
         if taken is not None:
             log.info("payment %s claimed again (%s on %s)", taken, req.skill_id, key.network)
             return Claimed(taken)
         existing = await self.find(key, req.payment_id)
         if existing is None:  # the conflicting row vanished meanwhile: try once more
-            return await self.claim(req, owner=owner, lease_seconds=lease_seconds)
+            return await self.claim(req, owner=owner, lease_seconds=lease_seconds, within=within)
         return Existing(existing)
 
     async def find(self, key: PaymentKey, payment_id: str | None = None) -> PaymentRow | None:
@@ -445,24 +490,26 @@ class Ledger:
     async def begin_settlement(self, row_id: str, *, owner: str, chain_ref: dict[str, Any],
                                lease_seconds: float, result: StoredResult | None = None,
                                keep_result_seconds: float = 0,
-                               charged_atomic: int | None = None) -> bool:
+                               charged_atomic: int | None = None,
+                               within: Within | None = None) -> bool:
         """The intent, written before anything is broadcast: claimed -> settling, with what
         identifies the on-chain action, the amount about to move when it is less than the payment
         authorized (`charged_atomic`: an upto settlement) and the result a retry would get.
-        False: the claim is no longer this owner's (its lease ran out and the row was taken):
-        nothing may be settled."""
+        False: the claim is no longer this owner's (its lease ran out and the row was taken), or
+        `within` (run in the same transaction) declined: nothing may be settled."""
         now = _now()
-        async with self._write() as conn:
-            moved = await conn.execute(_BEGIN_SETTLEMENT, {
-                "b_id": row_id, "b_owner": owner, "b_chain_ref": chain_ref, "b_now": now,
-                "b_lease": now + timedelta(seconds=lease_seconds), "b_charged": charged_atomic})
-            if moved.rowcount != 1:
-                return False
-            if result is not None:  # (every way out of settling without settling deletes it)
-                await conn.execute(_INSERT_RESULT, {
-                    "payment_row": row_id, "status": result.status,
-                    "media_type": result.media_type, "body": result.body, "created_at": now,
-                    "expires_at": now + timedelta(seconds=keep_result_seconds)})
+        try:
+            async with self._write() as conn:
+                moved = await conn.execute(_BEGIN_SETTLEMENT, {
+                    "b_id": row_id, "b_owner": owner, "b_chain_ref": chain_ref, "b_now": now,
+                    "b_lease": now + timedelta(seconds=lease_seconds), "b_charged": charged_atomic})
+                if moved.rowcount != 1:
+                    return False
+                await _run_within(within, conn, row_id)
+                if result is not None:  # (every way out of settling without settling deletes it)
+                    await keep_result(conn, row_id, result, now=now, seconds=keep_result_seconds)
+        except _Declined:
+            return False
         log.info("payment %s claimed -> settling", row_id)
         return True
 
@@ -526,20 +573,26 @@ class Ledger:
     async def release(self, row_id: str, reason: str, *, usage: dict[str, Any] | None = None,
                       upstream_cost_usd: Decimal | None = None,
                       states: Sequence[PaymentState] = (PaymentState.CLAIMED,),
-                      tx_hash: str | None = None) -> bool:
+                      tx_hash: str | None = None, owner: str | None = None,
+                      within: Within | None = None) -> bool:
         """Nothing moved: nothing is charged, the payment may be used again. What the failed
         call still spent upstream, if anything, is kept for the operator. From `settling` only
-        when it is known that nothing was broadcast."""
+        when it is known that nothing was broadcast. `owner`: only if the row is still this
+        owner's. `within` runs in the same transaction once the row is released (its answer is
+        not asked: what is released stays released)."""
         extra: dict[str, Any] = {"tx_hash": tx_hash} if tx_hash else {}
         if usage is not None or upstream_cost_usd is not None:
             extra |= {"usage": usage, "upstream_cost_usd": upstream_cost_usd}
         t = payments_table
+        owned = true() if owner is None else t.c.owner == owner
         async with self._write() as conn:
             result = await conn.execute(
-                update(t).where(and_(t.c.id == row_id, t.c.state.in_(tuple(states))))
+                update(t).where(and_(t.c.id == row_id, t.c.state.in_(tuple(states)), owned))
                 .values(state=PaymentState.RELEASED, error=reason[:2000], lease_until=None,
                         updated_at=_now(), **extra))
             released = result.rowcount == 1
+            if released and within is not None:
+                await within(conn, row_id)
             if released and PaymentState.SETTLING in states:  # a kept result goes with it
                 await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
         if released:
@@ -613,7 +666,11 @@ class Ledger:
         once: an earlier value stays)."""
         t = payments_table
         now = _now()
-        values: dict[str, Any] = {"lease_until": None, "updated_at": now}
+        # Only a settled row's lease is a re-run's, ended here: an upto stream's end can be written
+        # while its settlement is still to begin or in flight (claimed, settling), whose lease
+        # keeps the reconciler and a retry off the row until that settlement says how it went.
+        values: dict[str, Any] = {"updated_at": now, "lease_until": case(
+            (t.c.state == PaymentState.SETTLED, None), else_=t.c.lease_until)}
         if latency_ms is not None:
             values |= {"latency_ms": latency_ms, "usage": usage,
                        "upstream_cost_usd": upstream_cost_usd}
@@ -627,10 +684,7 @@ class Ledger:
             await conn.execute(update(t).where(t.c.id == row_id).values(**values))
             if result is not None:  # (an expired one may still be there: replaced)
                 await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
-                await conn.execute(_INSERT_RESULT, {
-                    "payment_row": row_id, "status": result.status,
-                    "media_type": result.media_type, "body": result.body, "created_at": now,
-                    "expires_at": now + timedelta(seconds=keep_result_seconds)})
+                await keep_result(conn, row_id, result, now=now, seconds=keep_result_seconds)
 
     async def prune_results(self) -> int:
         """Drop kept results past their retention; returns how many."""
@@ -643,17 +697,24 @@ class Ledger:
 
     async def renew_leases(self, owner: str, row_ids: Iterable[str], lease_seconds: float) -> int:
         """Extend this owner's leases on the rows it is working on: unfinished ones, and settled
-        ones it is running again (`take_redelivery`; a settled row has a lease only then)."""
+        ones it is running again (`take_redelivery`; a settled row has a lease only then); and
+        the reservations of the channels those rows hold (payments/channels/store.py; one held
+        until the chain decides, with no lease, stays so)."""
         ids = list(row_ids)
         if not ids:
             return 0
-        t = payments_table
+        t, ch = payments_table, channels_table
+        until = _now() + timedelta(seconds=lease_seconds)
         async with self._write() as conn:
             result = await conn.execute(
                 update(t).where(and_(t.c.id.in_(ids), t.c.owner == owner, or_(
                     t.c.state.in_(UNFINISHED),
                     and_(t.c.state == PaymentState.SETTLED, t.c.lease_until.is_not(None)))))
-                .values(lease_until=_now() + timedelta(seconds=lease_seconds)))
+                .values(lease_until=until))
+            held = select(t.c.channel_id).where(and_(t.c.id.in_(ids), t.c.channel_id.is_not(None)))
+            await conn.execute(update(ch).where(and_(
+                ch.c.channel_id.in_(held), ch.c.pending_row.in_(ids), ch.c.owner == owner,
+                ch.c.lease_until.is_not(None))).values(lease_until=until))
             return result.rowcount or 0
 
     async def take(self, row_id: str, *, owner: str, lease_seconds: float,

@@ -18,6 +18,12 @@ paywire_refunds        Solana refunds (payments/refunds.py): one SPL transfer pe
                        is broadcast; the payments it covers point to it (paywire_payments.refund_id)
 paywire_turns          named turns replicas take by lease (one replica runs a refund batch at a
                        time, and not again before the period ends)
+paywire_channels       x402 batch-settlement channels (payments/channels/): the config as signed,
+                       what delivered calls were charged (the running total), the latest voucher,
+                       the chain's mirror, and the reservation that lets one call at a time use it
+paywire_chain_fees     one row per on-chain transaction paywire's payments cause (settlements,
+                       Solana refunds, channel deposits, claims, sweeps, cooperative refunds): its
+                       fee, read from the chain after the fact by payments/chain_fees.py
 """
 
 from __future__ import annotations
@@ -72,6 +78,30 @@ class ExactUsd(TypeDecorator[Decimal]):
 
 
 USD = ExactUsd()
+
+
+class ExactInteger(TypeDecorator[int]):
+    """An exact whole number of any size (a fee in wei can pass 2^63): NUMERIC(78, 0) on
+    PostgreSQL (any uint256 fits); decimal text on SQLite, whose INTEGER is 64 bits."""
+
+    impl = Numeric(78, 0, asdecimal=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(String(80))
+        return dialect.type_descriptor(Numeric(78, 0, asdecimal=True))
+
+    def process_bind_param(self, value: int | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        return str(int(value)) if dialect.name == "sqlite" else Decimal(int(value))
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> int | None:
+        return None if value is None else int(Decimal(str(value)))
+
+
+WHOLE = ExactInteger()
 
 
 class PaymentState(enum.StrEnum):
@@ -138,11 +168,17 @@ payments_table = Table(
     # The refund that gives back what an exact payment on Solana paid above `charged_atomic`
     # (payments/refunds.py). Set once, by a compare-and-set on NULL: a payment is refunded once.
     Column("refund_id", String(36), ForeignKey("paywire_refunds.id", name="fk_payment_refund")),
+    # The x402 scheme the payment matched. A batch-settlement (channel) call's row names its
+    # channel; its nonce is "<channelId>/<base>" (the channel's running total it was charged on
+    # top of) and its charge is in charged_atomic (payments/channels/store.py).
+    Column("scheme", String(24), nullable=False, server_default=text("'exact'")),
+    Column("channel_id", String(66)),
     UniqueConstraint("network", "payer", "nonce", name="uq_payment_once"),
     UniqueConstraint("payment_id", name="uq_payment_identifier"),
     Index("ix_payments_unfinished", "state", "lease_until"),
     Index("ix_payments_created", "created_at"),  # reports by period
     Index("ix_payments_refund", "refund_id", "charged_atomic"),  # a refund's rows; what is owed
+    Index("ix_payments_channel", "channel_id", "state"),  # a channel's calls
 )
 
 results_table = Table(
@@ -253,4 +289,113 @@ turns_table = Table(
     Column("name", String(64), primary_key=True),
     Column("owner", String(64), nullable=False),
     Column("until", DateTime(timezone=True), nullable=False),  # nobody else takes it before
+)
+
+
+class ChannelState(enum.StrEnum):
+    """Where a batch-settlement channel is (payments/channels/store.py).
+
+    open         it holds a deposit: vouchers are taken, one call at a time
+    closing      the payer asked to withdraw (pendingWithdrawals on chain): no new voucher, the
+                 claimer claims it at once (x402 #3464)
+    quarantined  a claim's pre-check failed (the chain disagrees with the ledger): no new voucher
+                 until the operator looks
+    closed       it holds nothing paywire can charge (no deposit yet, or refunded): a deposit
+                 opens it
+    """
+
+    OPEN = "open"
+    CLOSING = "closing"
+    QUARANTINED = "quarantined"
+    CLOSED = "closed"
+
+
+channels_table = Table(
+    "paywire_channels",
+    metadata,
+    Column("channel_id", String(66), primary_key=True),  # lower-case hex, bound to the config
+    Column("network", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    # The ChannelConfig as signed (addresses in lower case; salt as 0x + 64 hex digits).
+    Column("payer", String(128), nullable=False),
+    Column("payer_authorizer", String(128), nullable=False),
+    Column("receiver", String(128), nullable=False),
+    Column("receiver_authorizer", String(128), nullable=False),
+    Column("token", String(128), nullable=False),
+    Column("withdraw_delay", Integer, nullable=False),
+    Column("salt", String(66), nullable=False),
+    # What delivered calls were charged, counted from the channel's first deposit (or from the
+    # chain's totalClaimed when paywire adopted a channel it did not know): the running total
+    # each voucher must sign on top of. Raised by a commit (one call's charge), or to the chain's
+    # totalClaimed when claims were made elsewhere (the mirror).
+    Column("charged_atomic", BigInteger, nullable=False),
+    # The latest accepted voucher: its ceiling and signature (a bearer allowance: never logged).
+    Column("signed_max_atomic", BigInteger),
+    Column("signature", Text),
+    # The chain's mirror, from paywire's own reads only (never a facilitator's report, x402 #2559).
+    Column("balance_atomic", BigInteger, nullable=False),
+    Column("total_claimed_atomic", BigInteger, nullable=False),
+    Column("withdraw_requested_at", BigInteger, nullable=False),  # 0: no withdrawal pending
+    Column("refund_nonce", BigInteger, nullable=False),
+    Column("onchain_synced_at", DateTime(timezone=True)),
+    # The reservation: the payment row of the one call using the channel, its replica, and until
+    # when (renewed with the row's lease; NULL while a deposit's outcome is unknown: held until
+    # the chain decides).
+    Column("pending_row", String(36), ForeignKey("paywire_payments.id", name="fk_channel_pending_row")),
+    Column("owner", String(64)),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("claim_due_at", DateTime(timezone=True)),  # when the claimer should claim it
+    Column("last_request_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_channels_claim_due", "state", "claim_due_at"),
+    Index("ix_channels_payer", "payer"),
+    # (no index on the reservation's columns, which every call rewrites: the reconciler finds a
+    # dead reservation through its payment row, ix_payments_unfinished)
+)
+
+
+class ChainFeeState(enum.StrEnum):
+    """Where a transaction's fee is (payments/chain_fees.py).
+
+    waiting   known to paywire, its fee not read yet (the node did not know it yet, or could not
+              be asked): the meter asks again at `next_try_at`
+    recorded  its receipt was read: the fee is in `fee`
+    missing   the node still did not know it long after it was registered (never landed, or the
+              node keeps no such history): no fee, not asked again
+    """
+
+    WAITING = "waiting"
+    RECORDED = "recorded"
+    MISSING = "missing"
+
+
+chain_fees_table = Table(
+    "paywire_chain_fees",
+    metadata,
+    # One row per transaction: a fee is counted once, whoever registers or reads it.
+    Column("network", String(64), primary_key=True),
+    Column("tx_id", String(130), primary_key=True),  # EVM: the hash in lower case; Solana: signature
+    Column("kind", String(24), nullable=False),  # settlement, upto_settlement, refund, deposit, ...
+    Column("ref", String(66)),  # what it is for: the payment row, the refund, the channel
+    Column("skill", String(200)),  # a settlement's: its payment's skill (reports by skill)
+    Column("at", DateTime(timezone=True), nullable=False),  # the UTC day its fee counts on
+    Column("state", String(16), nullable=False),
+    # What the chain says (NULL until recorded): the account that paid the fee, gas used and the
+    # effective gas price (EVM), an OP-stack L1 fee, the fee in the native token's smallest unit
+    # (wei, lamports), the block (or slot), whether the transaction succeeded.
+    Column("paid_by", String(128)),
+    Column("gas_used", BigInteger),
+    Column("gas_price", WHOLE),
+    Column("l1_fee", WHOLE),
+    Column("fee", WHOLE),
+    Column("block_number", BigInteger),
+    Column("succeeded", Boolean),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_try_at", DateTime(timezone=True)),
+    Column("error", Text),  # why the last attempt read no fee, for the operator
+    Column("expected_at", DateTime(timezone=True), nullable=False),
+    Column("observed_at", DateTime(timezone=True)),
+    Index("ix_chain_fees_due", "state", "next_try_at"),
+    Index("ix_chain_fees_at", "at"),  # reports by period
 )

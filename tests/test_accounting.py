@@ -166,7 +166,8 @@ async def test_csv_is_exact_decimal_text(filled: tuple[Accounting, list[str]]) -
     rows = list(csv.DictReader(io.StringIO(text)))
     assert list(rows[0]) == ["skill", "network", "calls", "revenue_atomic", "revenue_usd",
                              "upstream_cost_usd", "failed_calls", "unbilled_cost_usd", "margin_usd",
-                             "pending_calls", "pending_atomic"]
+                             "pending_calls", "pending_atomic", "chain_fee_transactions",
+                             "chain_fees_eth_wei", "chain_fees_sol_lamports", "chain_fees_usd"]
     *lines, total = rows
     assert total["skill"] == total["network"] == "(total)"
     for row in rows:  # plain decimals: digits, one point, a sign; never an exponent

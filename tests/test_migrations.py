@@ -46,7 +46,7 @@ from payments.ledger_schema import events_table, metadata, payments_table
 from payments.schema import BASELINE, SchemaAhead, SchemaOutdated
 from tests.support.served_process import PAYWIRE, ROOT, free_port, paywire_env, start_paywire, stop
 
-HEAD = "0006_refunds"
+HEAD = "0008_chain_fees"
 
 # paywire_payments exactly as `payments/ledger.py` declared it before migrations (create_all).
 OLD = MetaData()
@@ -154,6 +154,8 @@ async def test_an_old_database_upgrades_to_head_keeping_its_rows(engine: AsyncEn
     assert {row.reruns for row in rows.values()} == {0}  # no free re-run taken yet (0004)
     # every old row was charged what it authorized (0005): its `charged` is its amount
     assert {row.charged_atomic for row in rows.values()} == {None}
+    # every old row was an exact payment, no channel's call (0007)
+    assert {(row.scheme, row.channel_id) for row in rows.values()} == {("exact", None)}
     assert [(e.payment_row, e.from_state, e.to_state, e.actor) for e in events] == [
         (row_id, "claimed", "pending", "migration 0002_settlement_states")
         for row_id in ("row-claimed-1", "row-claimed-2")]

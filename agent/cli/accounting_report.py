@@ -1,39 +1,45 @@
 """`paywire ledger revenue` and `paywire ledger payments`: the accounting figures at a terminal,
 or exported (CSV, JSON) to a file. The figures come from `payments.accounting`, the CSV text from
-`payments.accounting_csv` (the operator API serves the same bytes)."""
+`payments.accounting_csv` (the operator API serves the same bytes). The revenue's chain fees are
+in USD at the prices the settings give (PAYWIRE_ETH_USD, PAYWIRE_SOL_USD), as the API's."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, TextIO
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from payments.accounting import (
     Accounting,
+    FeeReport,
     PaymentFilter,
     PaymentLine,
     Period,
+    RevenueLine,
     RevenueReport,
     decimal_text,
 )
 from payments.accounting_csv import payments_csv, revenue_csv
+from payments.chain_fees import NATIVE_TOKENS, FeePrices
 from payments.money import atomic_to_usd
 
 FORMATS = ("table", "csv", "json")
 
 
 async def write_revenue(engine: AsyncEngine, out: TextIO, *, by: Sequence[str], period: Period,
-                        fmt: str) -> RevenueReport:
-    report = await Accounting(engine).revenue(by=by, period=period)
+                        fmt: str, prices: FeePrices | None = None) -> RevenueReport:
+    accounting = Accounting(engine, prices)
+    report = await accounting.revenue(by=by, period=period)
     if fmt == "csv":
         out.writelines(revenue_csv(report))
     elif fmt == "json":
         out.write(json.dumps(report.as_dict(), indent=2) + "\n")
-    else:
-        out.write(revenue_table(report) + "\n")
+    else:  # the table, and the chain fees by day, network and kind (`/admin/chain-fees`'s)
+        out.write(revenue_table(report, await accounting.chain_fees(period)) + "\n")
     return report
 
 
@@ -84,22 +90,24 @@ def _columns(header: Sequence[str], rows: list[list[str]], right: set[int]) -> l
     return [fmt(header), *(fmt(r) for r in rows)]
 
 
-def revenue_table(report: RevenueReport) -> str:
+def revenue_table(report: RevenueReport, fees: FeeReport | None = None) -> str:
     period = report.period
     when = (f"{_day(period.since) or 'the beginning'} to {_day(period.until) or 'now'}"
             + (" (until excluded)" if period.until else ""))
     lines = [f"revenue, upstream cost and margin in USD, {when}; days are UTC days of created_at"]
     if not report.lines:
         return lines[0] + "\nno payments in this period"
-    header = [*report.by, "calls", "revenue", "upstream cost", "unbilled cost", "margin",
-              "failed", "pending"]
+    with_fees = bool(report.total.chain_fees.transactions)
+    header = [*report.by, "calls", "revenue", "upstream cost", "unbilled cost",
+              *(["chain fees"] if with_fees else []), "margin", "failed", "pending"]
     refunds = bool(report.total.refunded_atomic or report.total.refund_owed_atomic)
     if refunds:  # Solana refunds: only when there are any
         header += ["refunded", "refund owed"]
 
-    def row(keys: list[str], line: Any) -> list[str]:
+    def row(keys: list[str], line: RevenueLine) -> list[str]:
         shown = [*keys, str(line.calls), decimal_text(line.revenue_usd),
                  decimal_text(line.upstream_cost_usd), decimal_text(line.unbilled_cost_usd),
+                 *([_fees_usd(line)] if with_fees else []),
                  decimal_text(line.margin_usd), str(line.failed_calls), str(line.pending_calls)]
         if refunds:
             shown += [decimal_text(atomic_to_usd(line.refunded_atomic)),
@@ -111,12 +119,58 @@ def revenue_table(report: RevenueReport) -> str:
         rows.append(row(["total", *([""] * (len(report.by) - 1))], report.total))
     lines += _columns(header, rows, right=set(range(len(report.by), len(header))))
     lines.append("unbilled cost: what calls that failed (nothing charged) still cost upstream; "
-                 "margin = revenue - upstream cost - unbilled cost")
+                 "margin = revenue - upstream cost - unbilled cost" + (" - chain fees" if with_fees else ""))
     if refunds:
         lines.append("revenue is what calls were charged, net of refunds: refunded = sent back to "
                      "payers (confirmed); refund owed = to be sent back (`paywire ledger` lists "
                      "them by payer)")
-    return "\n".join(lines)
+    unpriced = report.total.chain_fees.unpriced
+    if unpriced:
+        names = ", ".join(t.setting for t in NATIVE_TOKENS if t.symbol in unpriced)
+        lines.append(f"* chain fees in {', '.join(unpriced)} have no USD price ({names}): they are "
+                     "in neither the chain fees column nor the margin; the lines below give them in "
+                     "their unit")
+    return "\n".join(lines + (fee_tables(fees) if fees is not None else []))
+
+
+def _fees_usd(line: RevenueLine) -> str:
+    """A line's chain fees in USD; `*` when some of them have no price."""
+    return decimal_text(line.chain_fees.usd) + ("*" if line.chain_fees.unpriced else "")
+
+
+def fee_tables(report: FeeReport) -> list[str]:
+    """The chain fees by day, network and kind, and per paid call (none: nothing)."""
+    lines: list[str] = []
+    if report.lines:
+        lines.append("chain fees by day, network and kind (fee in the network's native token's "
+                     "smallest unit; USD where its price is set):")
+        header = ["day", "network", "kind", "transactions", "reverted", "gas used", "fee", "unit",
+                  "fee USD"]
+        rows = []
+        for line in report.lines:
+            shown = line.as_dict()
+            rows.append([line.day, line.network, line.kind, str(line.transactions),
+                         str(line.reverted), _or_dash(shown["gas_used"]), shown["fee"],
+                         shown["unit"], _or_dash(line.usd)])
+        lines += _columns(header, rows, right={3, 4, 5, 6, 8})
+        lines.append("per paid call (every kind of transaction; a channel's claims spread over the "
+                     "calls they carried):")
+        header = ["day", "network", "paid calls", "gas/call", "fee/call", "unit", "USD/call"]
+        rows = []
+        for per in report.per_call:
+            shown = per.as_dict()
+            rows.append([per.day, per.network, str(per.paid_calls),
+                         shown["gas_per_paid_call"] or "-", shown["fee_per_paid_call"] or "-",
+                         shown["unit"], shown["fee_usd_per_paid_call"] or "-"])
+        lines += _columns(header, rows, right={2, 3, 4, 6})
+    if report.waiting or report.missing:
+        lines.append(f"chain fees not read yet: {report.waiting} transactions (read from the chain "
+                     f"in the background); given up: {report.missing} (the node never knew them)")
+    return lines
+
+
+def _or_dash(amount: Decimal | int | None) -> str:
+    return "-" if amount is None else decimal_text(Decimal(amount))
 
 
 def payments_table(rows: list[PaymentLine], *, more: bool) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.cli.common import CONFIG_ERROR, Commands, refuse
-from agent.cli.database import DB_VARIABLES, database_command, database_options, db_where
+from agent.cli.database import DB_VARIABLES, database_command, database_options, db_settings, db_where
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -57,7 +57,8 @@ def show(args: argparse.Namespace) -> int:
         ledger = Ledger(engine)
         try:
             return await report(ledger, state=args.state, events=args.events,
-                                limit=args.limit, as_json=args.json)
+                                limit=args.limit, as_json=args.json,
+                                prices=db_settings(args).fee_prices)
         finally:
             ledger.close()
 
@@ -136,7 +137,7 @@ def revenue_report(args: argparse.Namespace) -> int:
     except AccountingInputError as exc:
         raise refuse(command, f"--{exc.field}: {exc.message}") from None
     return _export(args, command, lambda engine, out: write_revenue(
-        engine, out, by=by, period=period, fmt=args.format))
+        engine, out, by=by, period=period, fmt=args.format, prices=db_settings(args).fee_prices))
 
 
 def payments_report(args: argparse.Namespace) -> int:

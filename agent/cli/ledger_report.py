@@ -3,8 +3,10 @@
 Counts by state; the unfinished payments (claimed, settling, pending) with their age, lease and
 transaction, marked "stuck" once their lease ran out (the reconciler has not settled them yet:
 its chain could not be asked, or the payment may still move); the Solana refunds, in total and
-by payer (owed: not in a transfer yet; sending: in one not confirmed yet; confirmed); what the
-reconciler did; or the latest payments in one state. `--json` prints the same as one JSON document.
+by payer (owed: not in a transfer yet; sending: in one not confirmed yet; confirmed); the chain
+fees paywire's transactions paid, by network and kind (in the native token's smallest unit, and in
+USD where its price is set), with how many wait to be read; what the reconciler did; or the
+latest payments in one state. `--json` prints the same as one JSON document.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from payments.accounting import Accounting, FeeTotal, decimal_text
+from payments.chain_fees import FeePrices, native_token
 from payments.ledger import Ledger, PaymentRow
-from payments.ledger_schema import PaymentState
+from payments.ledger_schema import ChainFeeState, PaymentState
 from payments.refund_ledger import PayerRefunds, RefundLedger
 
 REFUND_PAYERS = 20  # payers listed (those owed the most first); --json lists up to --limit
@@ -41,8 +45,8 @@ def _row(row: PaymentRow, now: datetime) -> dict[str, Any]:
 
 
 async def report(ledger: Ledger, *, state: str | None = None, events: bool = False,
-                 limit: int = 50, as_json: bool = False) -> str:
-    """The text (or JSON) `paywire ledger` prints."""
+                 limit: int = 50, as_json: bool = False, prices: FeePrices | None = None) -> str:
+    """The text (or JSON) `paywire ledger` prints; `prices`: the native tokens' USD prices."""
     now = datetime.now(UTC)
     if state is not None:
         rows = [_row(r, now) for r in await ledger.recent(state=state, limit=limit)]
@@ -61,12 +65,15 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
     counts = await ledger.counts()
     unfinished = [_row(r, now) for r in await ledger.unfinished(limit)]
     refunds, payers = await RefundLedger(ledger).by_payer(limit)
+    prices = prices or FeePrices()
+    fees = [_fee(total, prices) for total in await Accounting(ledger.engine, prices).fee_totals()]
     if as_json:
         return json.dumps({"by_state": {k: {"payments": n, "amount_atomic": a}
                                         for k, (n, a) in counts.items()},
                            "unfinished": unfinished,
                            "refunds": {"total": refunds.as_dict() | {"payer": None},
-                                       "by_payer": [p.as_dict() for p in payers]}}, indent=2)
+                                       "by_payer": [p.as_dict() for p in payers]},
+                           "chain_fees": fees}, indent=2)
     lines = ["payments by state:"]
     for name in PaymentState:
         n, amount = counts.get(name.value, (0, 0))
@@ -77,7 +84,39 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
     if unfinished:
         lines.append(_table(unfinished, "unfinished payments, oldest first"))
     lines += _refund_lines(refunds, payers[:REFUND_PAYERS])
+    lines += _fee_lines(fees)
     return "\n".join(lines)
+
+
+def _fee(total: FeeTotal, prices: FeePrices) -> dict[str, Any]:
+    """One network's, kind's and state's transactions since the beginning (`fee` in the native
+    token's smallest unit, as a string: wei passes JavaScript's exact integers)."""
+    token = native_token(total.network)
+    recorded = total.state == ChainFeeState.RECORDED
+    usd = prices.usd_of(token, total.fee) if recorded else None
+    return {"network": total.network, "kind": total.kind, "state": total.state,
+            "transactions": total.transactions, "gas_used": total.gas_used if recorded else None,
+            "fee": str(total.fee) if recorded else None, "unit": token.unit,
+            "fee_usd": decimal_text(usd) if usd is not None else None}
+
+
+def _fee_lines(fees: list[dict[str, Any]]) -> list[str]:
+    """The chain fees by network and kind; the transactions whose fee is not read yet."""
+    if not fees:
+        return ["chain fees: no transaction yet"]
+    lines = ["chain fees (all time; fee in the native token's smallest unit, USD where its price "
+             "is set):", f"  {'network':<40} {'kind':<16} {'transactions':>12} {'gas used':>12} "
+             f"{'fee':>22} {'unit':<8} {'USD':>14}"]
+    for f in fees:
+        if f["state"] == ChainFeeState.RECORDED:
+            lines.append(f"  {f['network']:<40} {f['kind']:<16} {f['transactions']:>12} "
+                         f"{f['gas_used'] or '-':>12} {f['fee']:>22} {f['unit']:<8} "
+                         f"{f['fee_usd'] or '-':>14}")
+    why = {ChainFeeState.WAITING: "not read yet: read from the chain in the background",
+           ChainFeeState.MISSING: "given up: the node never knew them"}
+    lines += [f"  {f['network']:<40} {f['kind']:<16} {f['transactions']:>12} {why[f['state']]}"
+              for f in fees if f["state"] != ChainFeeState.RECORDED]
+    return lines
 
 
 def _refund_lines(total: PayerRefunds, payers: list[PayerRefunds]) -> list[str]:

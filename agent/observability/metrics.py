@@ -4,6 +4,8 @@ on every answer (`X-Request-Id`), and one log line per paid call (agent/observab
 - `Metrics`: one `CollectorRegistry` per app (tests build several apps per process; replicas
   each expose their own), the instruments, and the exposition. Payments by ledger state are read
   from the ledger at each scrape; the ledger down is `paywire_ledger_up 0`, still a 200.
+- Chain fees (payments/chain_fees.py): read from the ledger at each scrape too, as counters by
+  network and kind in the native token's smallest unit (every replica reports the same totals).
 - `CallFacts.of`: what a call's Outcome says, once, for the metrics and the log line. Labels are
   bounded: skills are the registry's ids (an unknown one is "unknown"), networks the configured
   ones (anything else "other"), outcomes the pipeline's codes.
@@ -26,7 +28,7 @@ from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,6 +38,9 @@ from agent.observability.request_log import REQUEST_ID_HEADER, accepted_request_
 from agent.pipeline.gateway import Gateway
 from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
 from agent.pipeline.requests import CallRequest
+from payments.accounting import Accounting
+from payments.chain_fees import native_token
+from payments.ledger_schema import ChainFeeState
 from payments.money import atomic_to_usd, usd_text, usd_to_atomic
 
 # Stage timings from 0.1 ms (a quote) to 60 s (a slow model or settlement).
@@ -217,7 +222,8 @@ class _Scrape:
 async def _ledger_families(ledger: Any) -> list[Metric]:
     up = GaugeMetricFamily("paywire_ledger_up", "1 when the ledger answered this scrape, else 0")
     try:
-        counts = await asyncio.wait_for(ledger.counts(), LEDGER_READ_TIMEOUT_SECONDS)
+        counts, fees = await asyncio.wait_for(asyncio.gather(
+            ledger.counts(), Accounting(ledger.engine).fee_totals()), LEDGER_READ_TIMEOUT_SECONDS)
     except Exception as exc:  # noqa: BLE001 - whatever the database did, the scrape still answers
         log.warning("metrics: the ledger did not answer (%s); paywire_ledger_up 0", type(exc).__name__)
         up.add_metric([], 0)
@@ -230,7 +236,37 @@ async def _ledger_families(ledger: Any) -> list[Metric]:
     for state, (n, total) in sorted(counts.items()):
         payments.add_metric([state], n)
         amounts.add_metric([state], total)
-    return [up, payments, amounts]
+    return [up, payments, amounts, *_chain_fee_families(fees)]
+
+
+def _chain_fee_families(totals: Iterable[Any]) -> list[Metric]:
+    """The ledger's chain fees (`Accounting.fee_totals`): recorded ones as counters, the
+    transactions not read yet (waiting) or given up (missing) as a gauge."""
+    fees = CounterMetricFamily(
+        "paywire_chain_fees_native", "fees paid by paywire's transactions (settlements, refunds, "
+        "channel deposits, claims, sweeps), read from the chain, in the native token's smallest "
+        "unit (a float for dashboards; the ledger has the exact figures)",
+        labels=["network", "kind", "unit"])
+    transactions = CounterMetricFamily(
+        "paywire_chain_fee_transactions", "transactions whose fee was read", labels=["network", "kind"])
+    gas = CounterMetricFamily("paywire_chain_gas_used", "gas used by paywire's EVM transactions",
+                              labels=["network", "kind"])
+    unread = GaugeMetricFamily("paywire_chain_fee_transactions_unread", "transactions whose fee "
+                               "is not read yet (waiting) or could not be (missing)",
+                               labels=["network", "state"])
+    waiting: dict[tuple[str, str], int] = {}
+    for total in totals:
+        if total.state != ChainFeeState.RECORDED:
+            key = (total.network, str(total.state))
+            waiting[key] = waiting.get(key, 0) + total.transactions
+            continue
+        fees.add_metric([total.network, total.kind, native_token(total.network).unit], total.fee)
+        transactions.add_metric([total.network, total.kind], total.transactions)
+        if total.gas_used:
+            gas.add_metric([total.network, total.kind], total.gas_used)
+    for (network, state), n in sorted(waiting.items()):
+        unread.add_metric([network, state], n)
+    return [fees, transactions, gas, unread]
 
 
 class Observer:

@@ -11,7 +11,9 @@ send a bearer header when it navigates, so the page's script asks for the token 
 each API call. Every answer is `Cache-Control: no-store`; the page carries a CSP that allows only
 its own script, style sheet and API.
 
-Routes (GET): /summary, /revenue, /revenue.csv, /payments, /payments.csv, /pending, /failures.
+Routes (GET): /summary, /revenue, /revenue.csv, /payments, /payments.csv, /pending, /failures,
+/chain-fees, /chain-fees.csv (what paywire's transactions paid in fees, by day, network and kind,
+in USD where PAYWIRE_ETH_USD / PAYWIRE_SOL_USD set the token's price).
 Query parameters are checked (unknown, repeated, too long or malformed ones are a 400 naming the
 parameter), and the figures are the ones `paywire ledger revenue|payments` prints.
 """
@@ -45,7 +47,8 @@ from payments.accounting import (
     Period,
     parse_by,
 )
-from payments.accounting_csv import payments_csv, revenue_csv
+from payments.accounting_csv import chain_fees_csv, payments_csv, revenue_csv
+from payments.chain_fees import FeePrices
 
 TOKEN_VARIABLE = "PAYWIRE_ADMIN_TOKEN"
 MIN_TOKEN_LENGTH = 32  # agent/settings.py refuses a shorter one at startup
@@ -244,9 +247,24 @@ def admin_routes(accounting: Accounting, extra_routes: Sequence[BaseRoute] = ())
                                           limit=_whole(params, "limit", 50, 1, MAX_PAGE))
         return JSONResponse({"failures": [p.as_dict() for p in found]})
 
+    async def chain_fees(request: Request) -> Response:
+        params = _params(request, PERIOD)
+        period = _period(params)
+        report = await accounting.chain_fees(period)
+        return JSONResponse({"period": period.as_dict()} | report.as_dict())
+
+    async def chain_fees_file(request: Request) -> Response:
+        params = _params(request, PERIOD)
+        period = _period(params)
+        report = await accounting.chain_fees(period)
+        return Response("".join(chain_fees_csv(report)),
+                        media_type="text/csv; charset=utf-8", headers={
+                            "Content-Disposition":
+                                f'attachment; filename="{_csv_name("chain-fees", params, period)}"'})
+
     api = {"/summary": summary, "/revenue": revenue, "/revenue.csv": revenue_file,
            "/payments": payments, "/payments.csv": payments_file, "/pending": pending,
-           "/failures": failures}
+           "/failures": failures, "/chain-fees": chain_fees, "/chain-fees.csv": chain_fees_file}
     return [*(Route(path, _checked(handler), methods=["GET"]) for path, handler in api.items()),
             *extra_routes]
 
@@ -265,9 +283,11 @@ def page_routes() -> list[BaseRoute]:
     return routes
 
 
-def admin_mount(token: str, engine: AsyncEngine, extra_routes: Sequence[BaseRoute] = ()) -> Mount:
+def admin_mount(token: str, engine: AsyncEngine, extra_routes: Sequence[BaseRoute] = (),
+                prices: FeePrices | None = None) -> Mount:
     """`/admin`: the page's static shell, and the API (with `extra_routes`) behind the token.
-    Any other path under /admin needs the token too (then 404)."""
-    guarded = Mount("", routes=admin_routes(Accounting(engine), extra_routes),
+    Any other path under /admin needs the token too (then 404). `prices`: the native tokens'
+    USD prices, for the chain fees."""
+    guarded = Mount("", routes=admin_routes(Accounting(engine, prices), extra_routes),
                     middleware=[Middleware(BearerGate, token=token)])
     return Mount("/admin", routes=[*page_routes(), guarded])

@@ -54,6 +54,13 @@ function usd(text) {
   return text && text.startsWith("-") ? "-$" + text.slice(1) : "$" + (text || "0");
 }
 
+// Chain fees in USD, plus the native amounts of the tokens that have no USD price (they are not
+// in the USD figure, nor in the margin).
+function fees(figures) {
+  const unpriced = figures.chain_fees_unpriced.map((f) => " + " + f.amount + " " + f.unit);
+  return usd(figures.chain_fees_usd) + unpriced.join("");
+}
+
 function when(iso) {
   return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("Z", "") : "-";
 }
@@ -100,6 +107,7 @@ function cards(summary) {
     ["revenue (" + summary.days + " d)", usd(t.revenue_usd)],
     ["upstream cost", usd(t.upstream_cost_usd)],
     ["unbilled cost", usd(t.unbilled_cost_usd)],
+    ["chain fees (" + t.chain_fee_transactions + " tx)", fees(t)],
     ["margin", usd(t.margin_usd), t.margin_usd.startsWith("-") ? "bad" : ""],
     ["settled calls", t.calls],
     ["revenue (24 h)", usd(summary.last_24h.revenue_usd)],
@@ -180,9 +188,25 @@ function render(summary, byDay, bySkill, payments, failures, pending) {
     ["revenue", (r) => usd(r.revenue_usd), "num"],
     ["upstream cost", (r) => usd(r.upstream_cost_usd), "num"],
     ["unbilled cost", (r) => usd(r.unbilled_cost_usd), "num"],
+    ["chain fees", fees, "num"],
     ["margin", (r) => usd(r.margin_usd), "num"],
     ["failed", (r) => r.failed_calls, "num"],
-  ], bySkill.lines, "no payments in this period");
+  ], bySkill.lines.map((r) => ({ ...r, skill: r.skill || "(no skill: refunds, channels)" })),
+  "no payments in this period");
+  const chain = summary.chain_fees;
+  table($("fees"), [
+    ["day (UTC)", (r) => r.day],
+    ["network", (r) => r.network, "clip"],
+    ["kind", (r) => r.kind],
+    ["transactions", (r) => r.transactions, "num"],
+    ["gas used", (r) => (r.gas_used === null ? "-" : r.gas_used), "num"],
+    ["fee", (r) => r.fee + " " + r.unit, "num"],
+    ["fee (USD)", (r) => (r.fee_usd === null ? "no price" : usd(r.fee_usd)), "num"],
+  ], chain.lines, "no transaction fee recorded in this period");
+  $("fees-note").textContent = chain.waiting || chain.missing
+    ? chain.waiting + " transactions wait to have their fee read from the chain; " +
+      chain.missing + " were given up (the node never knew them)"
+    : "";
   table($("payments"), [
     ["created (UTC)", (r) => when(r.created_at)],
     ["state", (r) => r.state],
