@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
@@ -28,6 +28,9 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 from agent.edge.origins import origin_of
 from agent.key_files import read_key_files
 from payments.networks import NetworkInfo, lookup_network
+
+if TYPE_CHECKING:
+    from payments.chain_fees import FeePrices
 
 
 class ConfigError(ValueError):
@@ -351,6 +354,20 @@ class Settings(_FromEnvironment):
         "PAYWIRE_REFUND_PERIOD_SECONDS", 3600.0, "how often refunds are batched: one transfer "
         "per payer per period, by one replica")
 
+    # --- chain fees: what paywire's transactions paid, read from the chain (payments/chain_fees.py)
+    chain_fees_interval_seconds: float = _seconds(
+        "PAYWIRE_CHAIN_FEES_INTERVAL_SECONDS", 60.0, "how often the fees of new transactions "
+        "(settlements, refunds, channel claims) are read from the chain, by one replica")
+    eth_usd: Decimal | None = _var(
+        "PAYWIRE_ETH_USD", None, "ETH's price in USD, for the gas paid on EVM networks: shown in "
+        "USD and taken from the margin; unset: shown in wei only, left out of the margin (no "
+        "price is fetched)", accepts="a USD price above 0, such as 3150.25", gt=0, le=10_000_000,
+        allow_inf_nan=False)
+    sol_usd: Decimal | None = _var(
+        "PAYWIRE_SOL_USD", None, "SOL's price in USD, for the fees paid on Solana: shown in USD "
+        "and taken from the margin; unset: shown in lamports only, left out of the margin",
+        accepts="a USD price above 0, such as 142.5", gt=0, le=10_000_000, allow_inf_nan=False)
+
     # --- model providers (the model table names these: Catalog.provider_variables())
     openai_api_key: SecretStr | None = _key("OPENAI_API_KEY", "OpenAI's API key")
     openai_base_url: str | None = _url("OPENAI_BASE_URL", "OpenAI-compatible base URL instead of OpenAI's")
@@ -415,6 +432,13 @@ class Settings(_FromEnvironment):
         if self.refunds is not None:
             return self.refunds
         return self.devnet or self._is_set("PAYWIRE_REFUND_KEY_SOLANA")
+
+    @property
+    def fee_prices(self) -> FeePrices:
+        """The native tokens' USD prices the operator set (PAYWIRE_ETH_USD, PAYWIRE_SOL_USD)."""
+        from payments.chain_fees import FeePrices
+
+        return FeePrices.of(eth_usd=self.eth_usd, sol_usd=self.sol_usd)
 
     @property
     def facilitator_urls(self) -> tuple[str, ...]:
