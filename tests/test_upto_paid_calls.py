@@ -141,7 +141,8 @@ def test_upto_settles_what_the_call_used_not_its_maximum(gateway: LiveServer,
     assert chain.balance_of(payer.address) == FUNDS - charged
     assert gateway.devnet.merchant_balances().evm - merchant == charged
     row = ledger_row(gateway, payer.address)
-    assert (row["state"], row["amount_atomic"], row["charged_atomic"]) == ("settled", maximum, charged)
+    assert (row["state"], row["scheme"], row["amount_atomic"], row["charged_atomic"]) == (
+        "settled", "upto", maximum, charged)
 
 
 def test_an_upto_stream_settles_its_usage_at_its_end(gateway: LiveServer,

@@ -76,6 +76,7 @@ class ClaimedPath:
                     skill_id=paid.skill.id,
                     request_digest=paid.digest,
                     payment_id=paid.payment_id,
+                    scheme=paid.matched.requirement.scheme,
                 ), owner=s.policy.owner, lease_seconds=s.policy.lease_seconds)
                 # A claim that committed must not be lost to a cancellation on its way back. An
                 # inline (SQLite) ledger cannot be interrupted after its commit, so it needs no

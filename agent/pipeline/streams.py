@@ -228,11 +228,12 @@ class StreamHandover:
         if self._paid is not None:
             delivery = ("complete" if delivered else "undelivered" if self.complete
                         else "partial" if self.started else "none")
+            used = self.used()  # (a stream cut part way: what it produced, which it is charged for)
             usage = {"latency_ms": round(self._paid.total_ms()),
-                     "usage": {**(self._usage.usage or {}), "chunks": self.sent, "delivery": delivery},
-                     "upstream_cost_usd": self._usage.upstream_cost_usd}
+                     "usage": {**(used.usage or {}), "chunks": self.sent, "delivery": delivery},
+                     "upstream_cost_usd": used.upstream_cost_usd}
             if self._charge is not None:
-                usage["charged_atomic"] = self._charge(self.used())
+                usage["charged_atomic"] = self._charge(used)
         detach(quietly(self._ledger.record_handover(
             self._row_id, delivered=delivered, result=result,
             keep_result_seconds=self._policy.keep_result_seconds, **usage)))

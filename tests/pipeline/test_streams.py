@@ -119,7 +119,10 @@ async def test_a_stream_caller_cancelled_while_settling_is_settled_and_recorded_
     await pipeline.bookkeeping_done()
     row = await pipeline.row()
     assert row["state"] == "settled" and row["tx_hash"] == pipeline.facilitator.broadcasts[0]
-    assert row["usage"] == {"chunks": 0, "delivery": "none"}
+    assert (row["usage"]["chunks"], row["usage"]["delivery"]) == (0, "none")
+    # what the upstream produced before it was closed (its first chunk), counted: nothing reached
+    # the caller, but the stream did run
+    assert row["usage"]["counted_tokens"]["completion_tokens"] == 1
 
 
 async def test_a_stream_cancelled_before_its_first_chunk_releases_the_claim(pipeline: Pipeline) -> None:
