@@ -231,7 +231,8 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize(("path", "value", "says"), MALFORMED,
-                         ids=[f"{p}={v!r}"[:60] for p, v, _ in MALFORMED])
+                         ids=[(f"{p} absent" if v is _DELETE else f"{p}={v!r}")[:60]
+                              for p, v, _ in MALFORMED])
 def test_malformed_payloads_are_refused_naming_the_field(path: str, value: Any, says: str) -> None:
     payer = Account.create()
     good = payload_of(sdk_config(payer), payer, 5_000, kind="deposit")
