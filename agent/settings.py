@@ -354,6 +354,18 @@ class Settings(_FromEnvironment):
         "PAYWIRE_REFUND_PERIOD_SECONDS", 3600.0, "how often refunds are batched: one transfer "
         "per payer per period, by one replica")
 
+    # --- payment channels, the batch-settlement scheme (issue 23 §2; payments/channels/)
+    channel_authorizer_key: SecretStr | None = _key(
+        "PAYWIRE_CHANNEL_AUTHORIZER_KEY", "the EVM key that signs channel claims as the "
+        "receiverAuthorizer; channels are on when it is set (on the devnet: a generated key)")
+    channel_withdraw_delay_seconds: int = _whole(
+        "PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS", 3600, "how long a payer's withdrawal from a "
+        "channel waits, so claims for what was used can land first", least=900, most=2_592_000)
+    channel_min_deposit_usd: Decimal = _var(
+        "PAYWIRE_CHANNEL_MIN_DEPOSIT_USD", Decimal("0.25"), "the smallest deposit that opens or "
+        "tops up a channel (USD)", accepts="a USD amount above 0, such as 0.25", gt=0, le=1000,
+        allow_inf_nan=False)
+
     # --- chain fees: what paywire's transactions paid, read from the chain (payments/chain_fees.py)
     chain_fees_interval_seconds: float = _seconds(
         "PAYWIRE_CHAIN_FEES_INTERVAL_SECONDS", 60.0, "how often the fees of new transactions "
@@ -432,6 +444,12 @@ class Settings(_FromEnvironment):
         if self.refunds is not None:
             return self.refunds
         return self.devnet or self._is_set("PAYWIRE_REFUND_KEY_SOLANA")
+
+    @property
+    def channels_on(self) -> bool:
+        """The batch-settlement scheme is offered: a channel authorizer key is set (the devnet's
+        generated key is not wired yet: issue 23 §2)."""
+        return self.channel_authorizer_key is not None
 
     @property
     def fee_prices(self) -> FeePrices:
@@ -639,7 +657,8 @@ class Settings(_FromEnvironment):
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
         problems = (self._devnet_problems() if self.devnet
-                    else self._production_problems() + self._refund_problems())
+                    else self._production_problems() + self._refund_problems()
+                    + self._channel_problems())
         if problems:
             raise _Problems(problems)
         return self
@@ -684,6 +703,13 @@ class Settings(_FromEnvironment):
             if not self._is_set(rpc):
                 problems.append(f"{rpc} is not set: the in-process facilitator needs a node to settle on")
         return problems
+
+    def _channel_problems(self) -> list[str]:
+        """A channel authorizer key that cannot sign (its value is never repeated)."""
+        if not self.channels_on:
+            return []
+        return _key_problems(self.secret("channel_authorizer_key"),
+                             "PAYWIRE_CHANNEL_AUTHORIZER_KEY", evm=True)
 
     def _refund_problems(self) -> list[str]:
         """The refund key is the Solana pay-to wallet's, and refunds have a node to go through."""

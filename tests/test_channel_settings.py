@@ -1,0 +1,47 @@
+"""Payment channels' settings (issue 23 §2): off unless an authorizer key is set, bounds checked
+naming the variable, the key masked and checked like the facilitator keys."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from agent.settings import ConfigError, Settings
+
+EVM = "0x" + "12" * 20
+PRODUCTION = {"PAYWIRE_NETWORKS": "base", "PAYWIRE_EVM_PAY_TO": EVM,
+              "PAYWIRE_EVM_FACILITATOR_KEY": "0x" + "1" * 64, "PAYWIRE_EVM_RPC_URL": "http://node"}
+
+
+def test_channels_are_off_by_default_with_todays_defaults() -> None:
+    s = Settings.from_env({})
+    assert not s.channels_on and s.channel_authorizer_key is None
+    assert s.channel_withdraw_delay_seconds == 3600
+    assert s.channel_min_deposit_usd == Decimal("0.25")
+
+
+def test_an_authorizer_key_turns_channels_on_and_is_never_shown() -> None:
+    key = "0x" + "ab" * 32
+    s = Settings.from_env({**PRODUCTION, "PAYWIRE_CHANNEL_AUTHORIZER_KEY": key})
+    assert s.channels_on and s.secret("channel_authorizer_key") == key
+    assert key not in repr(s)
+
+
+@pytest.mark.parametrize(("env", "variable"), [
+    ({"PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS": "899"}, "PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS"),
+    ({"PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS": "2592001"}, "PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS"),
+    ({"PAYWIRE_CHANNEL_MIN_DEPOSIT_USD": "0"}, "PAYWIRE_CHANNEL_MIN_DEPOSIT_USD"),
+    ({"PAYWIRE_CHANNEL_MIN_DEPOSIT_USD": "NaN"}, "PAYWIRE_CHANNEL_MIN_DEPOSIT_USD"),
+])
+def test_out_of_range_values_stop_startup_naming_the_variable(
+        env: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError, match=variable):
+        Settings.from_env(env)
+
+
+def test_a_key_that_cannot_sign_stops_startup_without_repeating_it() -> None:
+    bad = "0x" + "zz" * 32
+    with pytest.raises(ConfigError, match="PAYWIRE_CHANNEL_AUTHORIZER_KEY") as raised:
+        Settings.from_env({**PRODUCTION, "PAYWIRE_CHANNEL_AUTHORIZER_KEY": bad})
+    assert bad not in str(raised.value)
