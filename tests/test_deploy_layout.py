@@ -21,6 +21,7 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +77,14 @@ class Layout:
         return next(r.name for r in self.replicas if r.proc is not None and r.proc.pid == pid)
 
     def served(self, request_id: str) -> str:
-        """Which replica nginx passed a request to (its access log: replica=ADDRESS id=ID)."""
-        line = next(ln for ln in self.nginx.log().splitlines() if ln.endswith(f" id={request_id}"))
+        """Which replica nginx passed a request to (its access log: replica=ADDRESS id=ID). nginx
+        writes the line in its log phase, which may come after the client has the whole answer:
+        the log is read again until the line is there (10 s at most)."""
+        deadline = time.monotonic() + 10
+        while not (line := next((ln for ln in self.nginx.log().splitlines()
+                                 if ln.endswith(f" id={request_id}")), None)):
+            assert time.monotonic() < deadline, f"nginx logged no request {request_id} in 10 s"
+            time.sleep(0.02)
         address = line.split(" replica=", 1)[1].split(" ", 1)[0]
         return next(r.name for r in self.replicas if address == f"127.0.0.1:{r.port}")
 
