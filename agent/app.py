@@ -29,11 +29,14 @@ from agent.edge.origins import own_origins
 from agent.mcp.face import McpFace
 from agent.observability.metrics import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
 from agent.pipeline.gateway import Gateway
+from agent.pipeline.paid import ChannelServices
 from agent.settings import ConfigError, Settings
 from agent.version import VERSION
 from compat import marketplace, openai_api
 from payments.chain_fees import ChainFeeMeter
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
+from payments.channels.requirements import ChannelTerms
+from payments.channels.store import ChannelStore
 from payments.controls import Controls
 from payments.facilitator_status import FacilitatorMismatch, FacilitatorUnavailable
 from payments.facilitators import in_process_facilitator, remote_facilitator, rpc_signers
@@ -238,7 +241,8 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
             for n in networks
         ]
     processor = PaymentProcessor(facilitator, pay_to,
-                                 max_timeout_seconds=settings.max_timeout_seconds)
+                                 max_timeout_seconds=settings.max_timeout_seconds,
+                                 channels=channel_terms(settings, devnet))
     remote = bool(settings.facilitator_url) and devnet is None
     where = "PAYWIRE_FACILITATOR_URL" if remote else "PAYWIRE_NETWORKS"
     try:
@@ -253,6 +257,21 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
         log.warning("payments are not ready: %s; paywire serves meanwhile (GET /readyz answers 503, "
                     "paid calls 503 without charging) and asks again (%s)", exc, where)
     return processor
+
+
+def channel_terms(settings: Settings, devnet: Any | None) -> ChannelTerms | None:
+    """The batch-settlement terms when channels are on: paywire's receiver-authorizer key (on the
+    devnet, its generated one), the withdrawal delay and the smallest deposit."""
+    if not settings.channels_on:
+        return None
+    from eth_account import Account
+    from x402.mechanisms.evm.batch_settlement.authorizer_signer import LocalAuthorizerSigner
+
+    key = (devnet.keys.evm_channel_authorizer if devnet is not None
+           else settings.secret("channel_authorizer_key"))
+    return ChannelTerms(LocalAuthorizerSigner(Account.from_key(key)),
+                        withdraw_delay=settings.channel_withdraw_delay_seconds,
+                        min_deposit_atomic=usd_to_atomic(settings.channel_min_deposit_usd))
 
 
 def rate_limits(settings: Settings) -> RateLimits:
@@ -435,7 +454,9 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       # an underfunded payer's refusal: its balance, read on the reconciler's RPCs
                       payer_mistakes=PayerMistakes(chain_rpcs.get, faucet_url=(
                           f"{settings.base_url}/devnet/faucet" if devnet is not None else None)),
-                      refunds=refund_policy)  # what an exact Solana call's receipt says is owed
+                      refunds=refund_policy,  # what an exact Solana call's receipt says is owed
+                      channels=ChannelServices(ChannelStore(ledger), chain_rpcs.get)
+                      if settings.channels_on else None)
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,

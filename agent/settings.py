@@ -447,9 +447,9 @@ class Settings(_FromEnvironment):
 
     @property
     def channels_on(self) -> bool:
-        """The batch-settlement scheme is offered: a channel authorizer key is set (the devnet's
-        generated key is not wired yet: issue 23 §2)."""
-        return self.channel_authorizer_key is not None
+        """The batch-settlement scheme is offered: a channel authorizer key is set, or on the
+        devnet (its generated key)."""
+        return self.devnet or self.channel_authorizer_key is not None
 
     @property
     def fee_prices(self) -> FeePrices:

@@ -25,6 +25,11 @@ from x402 import x402FacilitatorSync
 from x402.http import FacilitatorConfig
 from x402.http.extension_responses import extract_extension_responses_header
 from x402.http.facilitator_client_base import HTTPFacilitatorClientBase
+from x402.mechanisms.evm.batch_settlement.constants import (
+    BATCH_SETTLEMENT_ADDRESS,
+    ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+)
+from x402.mechanisms.evm.batch_settlement.facilitator import BatchSettlementEvmFacilitator
 from x402.mechanisms.evm.constants import PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS
 from x402.mechanisms.evm.exact import register_exact_evm_facilitator
 from x402.mechanisms.evm.upto import UptoEvmFacilitatorScheme, UptoEvmSchemeConfig
@@ -90,6 +95,10 @@ def in_process_facilitator(
         if upto_contracts_deployed(evm_signer):
             facilitator.register(evm, UptoEvmFacilitatorScheme(
                 evm_signer, UptoEvmSchemeConfig(simulate_in_settle=True)))
+        if channel_contracts_deployed(evm_signer):
+            # No authorizer key here: paywire signs claims and refunds with its own (the
+            # receiverAuthorizer the 402 names), so the facilitator only broadcasts.
+            facilitator.register(evm, BatchSettlementEvmFacilitator(evm_signer))
     if svm:
         if svm_signer is None:
             raise ValueError("a Solana network is configured but no Solana facilitator signer")
@@ -101,12 +110,22 @@ def upto_contracts_deployed(evm_signer: Any) -> bool:
     """Whether the chain has what `upto` settles through (Permit2 and the x402 upto Permit2
     proxy, at their canonical addresses): offered only then. Asked once, at startup; a node that
     cannot be asked leaves upto off until the next start (exact is unaffected)."""
+    return _deployed(evm_signer, "upto", (PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS))
+
+
+def channel_contracts_deployed(evm_signer: Any) -> bool:
+    """Whether the chain has the batch-settlement contract and its ERC-3009 deposit collector
+    at their canonical addresses: channels are offered only then (asked once, at startup)."""
+    return _deployed(evm_signer, "batch-settlement",
+                     (BATCH_SETTLEMENT_ADDRESS, ERC3009_DEPOSIT_COLLECTOR_ADDRESS))
+
+
+def _deployed(evm_signer: Any, scheme: str, addresses: Sequence[str]) -> bool:
     try:
-        return all(evm_signer.get_code(address) for address in
-                   (PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS))
+        return all(evm_signer.get_code(address) for address in addresses)
     except Exception as exc:  # noqa: BLE001 - a node down at startup: exact only, said once
-        log.warning("could not ask the EVM node whether upto's contracts are deployed (%s); "
-                    "upto is not offered until the next start", type(exc).__name__)
+        log.warning("could not ask the EVM node whether %s's contracts are deployed (%s); it is "
+                    "not offered until the next start", scheme, type(exc).__name__)
         return False
 
 

@@ -12,6 +12,7 @@ import binascii
 import re
 from typing import Any
 
+from x402.mechanisms.evm.batch_settlement.constants import SCHEME_BATCH_SETTLEMENT
 from x402.mechanisms.evm.constants import SCHEME_UPTO
 
 from .networks import lookup_network
@@ -33,6 +34,10 @@ def payload_problem(scheme: str, network: str, payload: Any) -> str | None:
         return "the payment's payload must be an object"
     if scheme == SCHEME_UPTO:
         return _permit2_problem(payload)
+    if scheme == SCHEME_BATCH_SETTLEMENT:
+        from .channels.wire import payload_problem as channel_problem  # (wire builds on this module)
+
+        return channel_problem(payload)
     if lookup_network(network).family == "evm":
         return _eip3009_problem(payload)
     return _solana_problem(payload)

@@ -59,6 +59,7 @@ from eth_account.messages import encode_typed_data
 from eth_utils import keccak
 from solders.transaction import VersionedTransaction
 from x402.mechanisms.evm import constants as evm
+from x402.mechanisms.evm.batch_settlement.constants import PAYLOAD_TYPE_VOUCHER, SCHEME_BATCH_SETTLEMENT
 from x402.mechanisms.evm.eip712 import hash_eip3009_authorization
 from x402.mechanisms.evm.erc6492 import is_erc6492_signature, parse_erc6492_signature
 from x402.mechanisms.evm.types import ExactEIP3009Authorization
@@ -68,6 +69,7 @@ from x402.mechanisms.svm import constants as svm
 from x402.mechanisms.svm.utils import derive_ata, extract_transaction_info
 from x402.schemas import PaymentRequirements, VerifyResponse
 
+from .channels.wire import MalformedPayload, check_payload, read_payload
 from .networks import lookup_network
 
 VALID_BEFORE_MARGIN_SECONDS = 6  # the SDK's: validBefore must be at least this far ahead
@@ -86,11 +88,36 @@ def local_refusal(payload: dict[str, Any], requirement: PaymentRequirements,
     try:
         if requirement.scheme == evm.SCHEME_UPTO:
             return _permit2_refusal(payload, requirement, moment)
+        if requirement.scheme == SCHEME_BATCH_SETTLEMENT:
+            return _channel_refusal(payload, requirement)
         if lookup_network(requirement.network).family == "evm":
             return _eip3009_refusal(payload, requirement, moment)
         return _solana_refusal(payload, requirement)
     except _UNREADABLE:  # not provable here: the facilitator says
         return None
+
+
+def checked_in_full(payload: dict[str, Any], requirement: PaymentRequirements) -> bool:
+    """Whether `local_refusal` finding nothing is the whole verification: a channel voucher from
+    an ECDSA payer (the channel's balance is checked when it is reserved, against paywire's own
+    read of the chain). Deposits, refunds and smart-wallet payers go to the facilitator."""
+    if requirement.scheme != SCHEME_BATCH_SETTLEMENT:
+        return False
+    try:
+        read = read_payload(payload)
+    except MalformedPayload:
+        return False
+    return read.kind == PAYLOAD_TYPE_VOUCHER and read.config.signs_by_ecdsa
+
+
+def _channel_refusal(payload: dict[str, Any], requirement: PaymentRequirements) -> VerifyResponse | None:
+    """What a channel payment's own fields refuse: the id binds the config, the config pays this
+    requirement, a deposit's size and method, an ECDSA payer's voucher signature."""
+    read = read_payload(payload)
+    refusal = check_payload(read, requirement, get_evm_chain_id(requirement.network))
+    if refusal is None:
+        return None
+    return _refused(refusal.reason, refusal.message, read.config.payer)
 
 
 def _refused(reason: str, message: str, payer: str) -> VerifyResponse:

@@ -32,6 +32,12 @@ from x402.extensions.payment_identifier import (
     extract_payment_identifier,
     is_valid_payment_id,
 )
+from x402.mechanisms.evm.batch_settlement.constants import (
+    ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+    PAYLOAD_TYPE_DEPOSIT,
+    SCHEME_BATCH_SETTLEMENT,
+)
+from x402.mechanisms.evm.batch_settlement.encoding import build_erc3009_deposit_nonce
 from x402.mechanisms.evm.constants import SCHEME_UPTO
 from x402.mechanisms.evm.exact import ExactEvmServerScheme
 from x402.mechanisms.evm.upto import UptoEvmServerScheme
@@ -52,6 +58,8 @@ from x402.schemas import (
     VerifyResponse,
 )
 
+from .channels.requirements import ChannelScheme, ChannelTerms, channel_scheme, priced
+from .channels.wire import read_payload
 from .facilitator_port import FacilitatorPort
 from .facilitator_status import NOT_READY, FacilitatorMismatch, FacilitatorUnavailable
 from .ledger import PaymentKey
@@ -151,10 +159,13 @@ class PaymentProcessor:
         pay_to: Sequence[PayTo],
         *,
         max_timeout_seconds: int = 300,
+        channels: ChannelTerms | None = None,
     ) -> None:
         if not pay_to:
             raise ValueError("at least one network with a payTo address is required")
         self._server = x402ResourceServer(facilitator)
+        self._channels = channels
+        self._channel_schemes: dict[str, ChannelScheme] = {}
         self.facilitator = facilitator
         self.transaction_id = getattr(facilitator, "transaction_id", None)
         # An in-process facilitator's sends are seen by our signers (payments/broadcast_trace.py).
@@ -164,6 +175,11 @@ class PaymentProcessor:
                 self._server.register(entry.network.caip2, ExactEvmServerScheme())
                 # offered where the facilitator settles it (start() asks)
                 self._server.register(entry.network.caip2, UptoEvmServerScheme())
+                if channels is not None:  # offered where the facilitator settles it
+                    self._channel_schemes[entry.network.caip2] = scheme = channel_scheme(
+                        entry.pay_to, withdraw_delay=channels.withdraw_delay,
+                        authorizer=channels.authorizer)
+                    self._server.register(entry.network.caip2, scheme)
             else:
                 self._server.register(entry.network.caip2, ExactSvmServerScheme())
         self._pay_to = list(pay_to)
@@ -172,6 +188,8 @@ class PaymentProcessor:
         # `upto` requirements (EVM networks whose facilitator settles upto): offered beside exact
         # to calls priced from their request, which then settle what they used
         self._upto_templates: list[PaymentRequirements] = []
+        # `batch-settlement` requirements, one per EVM network whose facilitator settles channels
+        self._channel_templates: dict[str, PaymentRequirements] = {}
 
     async def aclose(self) -> None:
         """Close what the facilitator holds (a remote one's HTTP connections, worker threads)."""
@@ -211,10 +229,11 @@ class PaymentProcessor:
         configured network. Blocks on a remote facilitator: call it off the event loop."""
         try:
             self._server.initialize()
-            templates, upto = [], []
+            templates, upto, channels = [], [], {}
             for entry in self._pay_to:
                 if entry.network.family == "evm":
                     upto.extend(self._upto_template(entry))
+                    channels.update(self._channel_template(entry))
                 try:
                     built = self._server.build_payment_requirements(self._config("exact", entry))
                 except SchemeNotFoundError:
@@ -234,6 +253,7 @@ class PaymentProcessor:
             self._waiting = f"the facilitator lists no payment kinds yet ({exc})"
             raise FacilitatorUnavailable(self._waiting) from None
         self._templates, self._upto_templates = templates, upto
+        self._channel_templates = channels
         self._waiting = None
 
     def _config(self, scheme: str, entry: PayTo) -> ResourceConfig:
@@ -248,6 +268,43 @@ class PaymentProcessor:
         except (SchemeNotFoundError, FacilitatorCapabilityError, ValueError) as exc:
             log.info("upto is not offered on %s: %s", entry.network.v1_name, exc)
             return []
+
+    def _channel_template(self, entry: PayTo) -> dict[str, PaymentRequirements]:
+        """The network's `batch-settlement` requirement (by network), or none when channels are
+        off or its facilitator does not settle them."""
+        if entry.network.caip2 not in self._channel_schemes:
+            return {}
+        try:
+            [built] = self._server.build_payment_requirements(
+                self._config(SCHEME_BATCH_SETTLEMENT, entry))
+        except (SchemeNotFoundError, FacilitatorCapabilityError, ValueError) as exc:
+            log.info("channels are not offered on %s: %s", entry.network.v1_name, exc)
+            return {}
+        return {entry.network.caip2: built}
+
+    @property
+    def offers_channels(self) -> bool:
+        """Whether some network's facilitator settles `batch-settlement` channels."""
+        return bool(self._channel_templates)
+
+    def channel_requirement(self, network: str, atomic_amount: int = 1) -> PaymentRequirements | None:
+        """The network's `batch-settlement` requirement for a call priced `atomic_amount`
+        (None: channels are not offered there)."""
+        template = self._channel_templates.get(network)
+        if template is None:
+            return None
+        assert self._channels is not None
+        return priced(self._channel_schemes[network], template, atomic_amount,
+                      min_deposit=self._channels.min_deposit_atomic)
+
+    async def settle_channel(self, network: str, payload: dict[str, Any]) -> SettleResponse:
+        """A channel's own transaction through the facilitator (a claim, a sweep, a refund:
+        `payload` is the scheme's inner payload), against the network's requirement."""
+        requirement = self.channel_requirement(network)
+        if requirement is None:
+            raise ValueError(f"channels are not offered on {network}")
+        return await self._server.settle_payment(
+            PaymentPayload(x402_version=2, accepted=requirement, payload=payload), requirement)
 
     @property
     def offers_upto(self) -> bool:
@@ -277,11 +334,15 @@ class PaymentProcessor:
     def requirements(self, atomic_amount: int, *, upto: bool = False) -> list[PaymentRequirements]:
         """One `exact` requirement per network, all for the same amount (a pure function); with
         `upto` (a call priced from its request, which may use less), then an `upto` one per
-        network that settles it, for the same amount as the maximum."""
+        network that settles it, for the same amount as the maximum; then a `batch-settlement`
+        one per network whose facilitator settles channels (a voucher on a channel the payer
+        funded once, charged what the call used)."""
         if not self._templates:
             raise FacilitatorUnavailable(NOT_READY)  # why: `waiting_for` (the operator's /readyz)
         templates = self._templates + self._upto_templates if upto else self._templates
-        return [t.model_copy(update={"amount": str(atomic_amount)}, deep=True) for t in templates]
+        offered = [t.model_copy(update={"amount": str(atomic_amount)}, deep=True) for t in templates]
+        return offered + [self.channel_requirement(network, atomic_amount)  # type: ignore[misc]
+                          for network in self._channel_templates]
 
     def payment_required(
         self,
@@ -301,9 +362,9 @@ class PaymentProcessor:
         resource: ResourceInfo,
         error: str | None = None,
     ) -> PaymentRequiredV1:
-        return PaymentRequiredV1(
+        return PaymentRequiredV1(  # (x402 v1 knows the exact scheme only)
             error=error,
-            accepts=[self.to_v1(r, resource) for r in requirements],
+            accepts=[self.to_v1(r, resource) for r in requirements if r.scheme == "exact"],
         )
 
     @staticmethod
@@ -398,6 +459,8 @@ def identify(matched: Matched, transaction_id: Any = None) -> PaymentIdentity:
     inner = matched.payload.payload
     if matched.requirement.scheme == SCHEME_UPTO:
         return _permit2_identity(network, matched.requirement.asset, inner)
+    if matched.requirement.scheme == SCHEME_BATCH_SETTLEMENT:
+        return _channel_identity(matched.requirement, inner)
     if lookup_network(network).family == "evm":
         auth = inner.get("authorization", {})
         nonce = str(auth.get("nonce", "")).lower()
@@ -433,3 +496,24 @@ def _permit2_identity(network: str, token: str, inner: dict[str, Any]) -> Paymen
            "deadline": str(auth.get("deadline", "")),
            "valid_after": str(witness.get("validAfter", ""))}
     return PaymentIdentity(PaymentKey(network=network, payer=owner, nonce=f"permit2:{nonce}"), ref)
+
+
+def _channel_identity(requirement: PaymentRequirements, inner: dict[str, Any]) -> PaymentIdentity:
+    """A call paid through a channel: the key is the channel and the running total the call is
+    charged on top of (its voucher's ceiling less the quote), so a retry of the same call has the
+    same key and two calls never do. A deposit's chain reference is its ERC-3009 authorization
+    (to the deposit collector; nonce keccak(channelId, salt)), which the reconciler can probe."""
+    payload = read_payload(inner)
+    voucher, payer = payload.voucher, payload.config.payer
+    key = PaymentKey(requirement.network, payer,
+                     f"{voucher.channel_id}/{voucher.ceiling - int(requirement.amount)}")
+    ref: dict[str, Any] = {"kind": "channel", "channel_id": voucher.channel_id}
+    if payload.kind == PAYLOAD_TYPE_DEPOSIT and payload.transfer_method == "eip3009":
+        auth = inner["deposit"]["authorization"]["erc3009Authorization"]
+        ref = {"kind": "eip3009", "token": requirement.asset, "from": payer,
+               "to": ERC3009_DEPOSIT_COLLECTOR_ADDRESS.lower(),
+               "value": str(payload.deposit_amount), "valid_after": str(auth["validAfter"]),
+               "valid_before": str(auth["validBefore"]),
+               "nonce": build_erc3009_deposit_nonce(voucher.channel_id, auth["salt"]).lower(),
+               "channel_id": voucher.channel_id}
+    return PaymentIdentity(key, ref)

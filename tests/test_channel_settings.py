@@ -14,9 +14,10 @@ PRODUCTION = {"PAYWIRE_NETWORKS": "base", "PAYWIRE_EVM_PAY_TO": EVM,
               "PAYWIRE_EVM_FACILITATOR_KEY": "0x" + "1" * 64, "PAYWIRE_EVM_RPC_URL": "http://node"}
 
 
-def test_channels_are_off_by_default_with_todays_defaults() -> None:
+def test_channels_are_on_on_the_devnet_and_off_in_production_without_a_key() -> None:
     s = Settings.from_env({})
-    assert not s.channels_on and s.channel_authorizer_key is None
+    assert s.devnet and s.channels_on and s.channel_authorizer_key is None  # the devnet's own key
+    assert not Settings.from_env(PRODUCTION).channels_on
     assert s.channel_withdraw_delay_seconds == 3600
     assert s.channel_min_deposit_usd == Decimal("0.25")
 

@@ -185,8 +185,9 @@ async def test_unpaid_call_answers_payment_required_on_both_networks(
     assert result.isError
     required = PaymentRequired.model_validate(result.structuredContent)
     assert json.loads(result.content[0].text) == result.structuredContent
-    assert {a.network for a in required.accepts} == {EVM_NET, SOL_NET}
-    assert all(a.amount == str(PRICE) and a.scheme == "exact" for a in required.accepts)
+    assert sorted((a.scheme, a.network) for a in required.accepts) == [
+        ("batch-settlement", EVM_NET), ("exact", EVM_NET), ("exact", SOL_NET)]
+    assert all(a.amount == str(PRICE) for a in required.accepts)
     assert required.resource is not None and required.resource.url == f"{env.gateway.url}/mcp#{TOOL}"
     assert probe.isError
     assert PaymentRequired.model_validate(probe.structuredContent).accepts == required.accepts

@@ -50,9 +50,12 @@ def test_unpaid_call_is_quoted_on_both_networks_in_v2_header_and_v1_body(server:
     r, required = quote(_url(server), {})
     assert r.headers["cache-control"] == "no-store"
     assert "quote;dur=" in r.headers["server-timing"]
-    assert {a.network for a in required.accepts} == {EVM_NET, SOL_NET}
-    assert all(a.amount == str(PRICE) and a.scheme == "exact" for a in required.accepts)
-    evm = next(a for a in required.accepts if a.network == EVM_NET)
+    # exact on both networks; beside it on EVM, a channel (batch-settlement); a fixed price is
+    # never offered upto
+    assert sorted((a.scheme, a.network) for a in required.accepts) == [
+        ("batch-settlement", EVM_NET), ("exact", EVM_NET), ("exact", SOL_NET)]
+    assert all(a.amount == str(PRICE) for a in required.accepts)
+    evm = next(a for a in required.accepts if a.network == EVM_NET and a.scheme == "exact")
     assert evm.asset == BASE_SEPOLIA.usdc and evm.extra == {"name": "USDC", "version": "2"}
     sol = next(a for a in required.accepts if a.network == SOL_NET)
     assert sol.asset == SOLANA_DEVNET.usdc and sol.extra["feePayer"]

@@ -121,7 +121,7 @@ def test_a_call_priced_from_its_request_is_offered_upto_beside_exact(gateway: Li
     assert upto.extra["facilitatorAddress"] == gateway.devnet.evm.facilitator_signer().address
     fixed = quote(gateway, "/v1/marketplace/api/token-count-508",
                   {"text": "a fixed price", "model": "gpt-4o"})
-    assert {o.scheme for o in fixed.accepts} == {"exact"}
+    assert {o.scheme for o in fixed.accepts} == {"exact", "batch-settlement"}  # never upto
 
 
 def test_upto_settles_what_the_call_used_not_its_maximum(gateway: LiveServer,

@@ -32,10 +32,10 @@ from agent.pipeline.shielding import to_the_end
 from agent.pipeline.streams import KEPT_STREAM, RerunLease, StreamHandover, next_chunk, replay
 from agent.pipeline.timing import Timings
 from payments import failpoints
-from payments.ledger import Claimed, ClaimRequest, Existing, PaymentRow, PaymentState, StoredResult
+from payments.ledger import Claimed, Existing, PaymentRow, PaymentState, StoredResult
 from payments.reconciler import Reconciler
 from skills.errors import SkillError, UpstreamError
-from skills.skill import Skill, SkillResult
+from skills.skill import SkillResult
 from wire import wire_json
 
 log = logging.getLogger(__name__)
@@ -66,29 +66,23 @@ class ClaimedPath:
 
     async def claim_and_run(self, paid: PaidCall) -> Outcome:
         t, s = paid.t, self.services
+        settlement = self.settlements.of(paid)
         with t.stage("claim"):
             try:
-                claiming = s.ledger.claim(ClaimRequest(
-                    key=paid.identity.key,
-                    amount_atomic=paid.atomic,
-                    asset=paid.matched.requirement.asset,
-                    pay_to=paid.matched.requirement.pay_to,
-                    skill_id=paid.skill.id,
-                    request_digest=paid.digest,
-                    payment_id=paid.payment_id,
-                    scheme=paid.matched.requirement.scheme,
-                ), owner=s.policy.owner, lease_seconds=s.policy.lease_seconds)
+                claiming = settlement.claim(paid)
                 # A claim that committed must not be lost to a cancellation on its way back. An
                 # inline (SQLite) ledger cannot be interrupted after its commit, so it needs no
                 # task of its own for that.
                 claim = await (claiming if s.ledger.commits_inline else to_the_end(
-                    claiming, on_cancel=self._release_on_cancel))
+                    claiming, on_cancel=lambda claim: self._release_on_cancel(paid, claim)))
             except LEDGER_ERRORS as exc:
                 log.error("ledger unavailable at claim (%s); answered 503", type(exc).__name__)
                 # (not "nothing was charged": an earlier attempt's transfer may be in flight)
                 return ledger_down(t, nothing_charged=False)
         if isinstance(claim, Existing):
             return await self.answer_retry(paid, claim.row, verified_ok=True)
+        if not isinstance(claim, Claimed):  # the scheme's answer: it cannot be taken now
+            return claim
         row_id = claim.row_id
         s.in_flight.add(row_id)
         try:
@@ -113,12 +107,12 @@ class ClaimedPath:
             except asyncio.CancelledError:
                 # The caller left (disconnect, A2A cancel, shutdown) before settlement began:
                 # nothing moved, so the claim is released and the same payment may be retried.
-                await to_the_end(self.services.release(row_id, "cancelled before settlement"))
+                await to_the_end(self.settlements.of(paid).release(row_id, "cancelled before settlement"))
                 if streaming:
                     await to_the_end(chunks.aclose())
                 raise
             except Exception as exc:
-                return await self._run_failed(t, paid.skill, row_id, exc)
+                return await self._run_failed(paid, row_id, exc)
         # Settlement runs to its end even if the caller is cancelled meanwhile: a settlement cut
         # halfway would leave the payer charged and the ledger not knowing it.
         # A caller cancelled meanwhile never gets the outcome: a settled result is recorded as not
@@ -128,21 +122,22 @@ class ClaimedPath:
                     else settlement.settle(paid, row_id, result, record=True))
         return await to_the_end(settling, on_cancel=never_handed_over)
 
-    async def _release_on_cancel(self, claim: Claimed | Existing) -> None:
+    async def _release_on_cancel(self, paid: PaidCall, claim: Any) -> None:
         """A claim that completed while its caller was being cancelled: nothing will run."""
         if isinstance(claim, Claimed):
-            await self.services.release(claim.row_id, "cancelled before settlement")
+            await self.settlements.of(paid).release(claim.row_id, "cancelled before settlement")
 
-    async def _run_failed(self, t: Timings, skill: Skill, row_id: str, exc: Exception) -> Outcome:
+    async def _run_failed(self, paid: PaidCall, row_id: str, exc: Exception) -> Outcome:
         """The skill did not deliver: release the claim (nothing is charged) and say why."""
+        t, skill, settlement = paid.t, paid.skill, self.settlements.of(paid)
         if isinstance(exc, SkillError):
             refused = refusal(t, exc)
             usage = exc.usage if isinstance(exc, UpstreamError) else None
             cost = exc.upstream_cost_usd if isinstance(exc, UpstreamError) else None
-            await self.services.release(row_id, refused.message, usage=usage, upstream_cost_usd=cost)
+            await settlement.release(row_id, refused.message, usage=usage, upstream_cost_usd=cost)
             return refused
         log.error("skill %s failed", skill.id, exc_info=exc)
-        await self.services.release(row_id, f"{type(exc).__name__}: {exc}")
+        await settlement.release(row_id, f"{type(exc).__name__}: {exc}")
         return Refused(t, 500, "skill_failed",
                        f"skill '{skill.id}' failed ({type(exc).__name__}); nothing was charged")
 

@@ -17,7 +17,7 @@ import logging
 from decimal import Decimal
 from typing import Any, Protocol
 
-from x402.schemas import ResourceInfo
+from x402.schemas import ResourceInfo, VerifyResponse
 
 from agent.pipeline.bazaar import Bazaar, HttpRoute
 from agent.pipeline.catalogue import Catalogue
@@ -35,7 +35,7 @@ from agent.pipeline.outcomes import (
     throttled,
     verify_unavailable,
 )
-from agent.pipeline.paid import PaidCall, PaidServices
+from agent.pipeline.paid import ChannelServices, PaidCall, PaidServices
 from agent.pipeline.price_terms import PaymentOption
 from agent.pipeline.quoting import Demand, mismatch, quote_route
 from agent.pipeline.requests import CallRequest, request_digest
@@ -48,7 +48,7 @@ from payments.ledger import Ledger, PaymentState
 from payments.money import usd_to_atomic
 from payments.payer_mistakes import MISPLACED_PAYMENT, PayerMistakes
 from payments.payload_shape import INVALID_PAYLOAD, payload_problem
-from payments.precheck import local_refusal, proven_payer
+from payments.precheck import checked_in_full, local_refusal, proven_payer
 from payments.processor import PaymentIdentifierError, PaymentProcessor, identify, payment_identifier
 from payments.rate_limits import RateLimits
 from payments.reconciler import Reconciler
@@ -77,6 +77,7 @@ class Gateway:
         reconciler: Reconciler | None = None, observer: CallObserver | None = None,
         controls: Controls | None = None, limits: RateLimits | None = None,
         payer_mistakes: PayerMistakes | None = None, refunds: RefundPolicy | None = None,
+        channels: ChannelServices | None = None,
     ) -> None:
         self.registry = registry
         self.payment_window_seconds = payment_window_seconds
@@ -87,7 +88,7 @@ class Gateway:
         policy = policy or SettlementPolicy()
         # the leases this process renews, shared with the claimed path and the settlements
         self.services = PaidServices(ledger, processor, policy, InFlight(ledger, policy),
-                                     refunds or RefundPolicy())
+                                     refunds or RefundPolicy(), channels)
         self.claimed = ClaimedPath(self.services, Settlements(self.services), reconciler)
         self.observer = observer  # sees every call's outcome (agent/observability/metrics.py); None: nobody
         self.controls = controls  # the operator's skill switches and payer deny list (a snapshot)
@@ -269,6 +270,9 @@ class Gateway:
             # (so a retry of a payment that already settled is still answered from the ledger).
             verified = local_refusal(matched.payload.payload, matched.requirement)
             refused_locally = verified is not None
+            if verified is None and checked_in_full(matched.payload.payload, matched.requirement):
+                # a channel voucher: no facilitator and no chain on the call
+                verified = VerifyResponse(is_valid=True, payer=paid.identity.key.payer)
             if verified is None:
                 try:
                     verified = await self.processor.verify(matched)

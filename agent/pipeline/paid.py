@@ -15,6 +15,8 @@ from agent.pipeline.outcomes import LEDGER_ERRORS
 from agent.pipeline.quoting import Demand
 from agent.pipeline.requests import CallRequest
 from agent.pipeline.timing import Timings
+from payments.chain_probe import JsonRpc
+from payments.channels.store import ChannelStore
 from payments.leases import InFlight, SettlementPolicy
 from payments.ledger import Ledger, PaymentState, StoredResult
 from payments.money import usd_to_atomic
@@ -60,6 +62,19 @@ class PaidCall:
 
 
 @dataclass
+class ChannelServices:
+    """What calls paid through channels need beside the ledger: the channel rows and their writes,
+    paywire's own reads of each network's chain (a channel's balance is never taken from a
+    facilitator's report), how old a mirror may be for a voucher to be checked against it, and
+    the claimer to wake when a charge makes a channel due for a claim."""
+
+    store: ChannelStore
+    rpc_for: Callable[[str], JsonRpc | None]
+    sync_seconds: float = 120.0
+    wake_claimer: Callable[[], None] = lambda: None
+
+
+@dataclass
 class PaidServices:
     """What the claimed path and every scheme's settlement share, as one object: a policy given
     to the gateway later (`Gateway.policy = ...`) reaches them all."""
@@ -71,6 +86,8 @@ class PaidServices:
     # Solana refunds of what an exact payment paid above its charge (payments/refunds.py); off
     # unless the operator's settings turn them on
     refunds: RefundPolicy = RefundPolicy()
+    # batch-settlement channels (payments/channels/); None: not offered
+    channels: ChannelServices | None = None
 
     async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
         """Release a claim (True when the ledger wrote it); if the ledger is down the claim's

@@ -39,6 +39,14 @@ class Demand:
         )
 
 
+    def corrected(self, requirement: PaymentRequirements) -> Demand:
+        """This quote with `requirement` in place of the offered one of its scheme and network (a
+        channel's corrective 402 carries the channel's state in its requirement)."""
+        swapped = [requirement if (r.scheme, r.network) == (requirement.scheme, requirement.network)
+                   else r for r in self.requirements]
+        return Demand(self._t, self._processor, swapped, self.resource, self._described)
+
+
 def quote_route(req: CallRequest, route: HttpRoute, *, bazaar: Bazaar, processor: PaymentProcessor,
                 limits: RateLimits | None) -> Outcome:
     """An empty probe of a route every model serves: the route's minimum, on its bazaar

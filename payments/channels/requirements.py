@@ -11,6 +11,8 @@ state is the ledger's (payments/channels/store.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from x402.mechanisms.evm.batch_settlement.server import (
     BatchSettlementEvmScheme,
     BatchSettlementEvmSchemeServerConfig,
@@ -56,3 +58,13 @@ def priced(scheme: BatchSettlementEvmScheme, template: PaymentRequirements, amou
     requirement = template.model_copy(update={"amount": str(amount), "extra": extra})
     extra["minDeposit"] = scheme.resolve_min_deposit_hint(requirement)
     return requirement
+
+
+@dataclass(frozen=True)
+class ChannelTerms:
+    """The operator's channel settings the 402 carries: the receiver-authorizer key paywire signs
+    claims and refunds with, the withdrawal delay, and the smallest deposit (atomic)."""
+
+    authorizer: AuthorizerSigner
+    withdraw_delay: int = DEFAULT_WITHDRAW_DELAY_SECONDS
+    min_deposit_atomic: int | None = None

@@ -405,20 +405,24 @@ class ChannelStore:
 
     # -- release, and a deposit's intent -------------------------------------------------------
 
-    async def release(self, row_id: str, channel_id: str, *, owner: str, reason: str,
+    async def release(self, row_id: str, channel_id: str | None, *, owner: str, reason: str,
                       states: Sequence[PaymentState] = (PaymentState.CLAIMED,),
                       usage: dict[str, Any] | None = None,
-                      upstream_cost_usd: Decimal | None = None) -> bool:
+                      upstream_cost_usd: Decimal | None = None, tx_hash: str | None = None) -> bool:
         """Nothing is charged: the row (still this owner's) is released and the channel's
         reservation for it cleared, in one transaction. From `settling`/`pending` only when the
-        deposit provably moved nothing."""
+        deposit provably moved nothing. `channel_id` None: whichever channel the row reserved."""
 
         async def clear(conn: Any, row: str) -> bool:
-            await conn.execute(_CLEAR, {"b_cid": channel_id, "b_row": row, "b_now": _now()})
+            if channel_id is None:
+                await conn.execute(_CLEAR_ROW, {"b_row": row, "b_now": _now()})
+            else:
+                await conn.execute(_CLEAR, {"b_cid": channel_id, "b_row": row, "b_now": _now()})
             return True
 
         return await self._ledger.release(row_id, reason, owner=owner, states=states, usage=usage,
-                                          upstream_cost_usd=upstream_cost_usd, within=clear)
+                                          upstream_cost_usd=upstream_cost_usd, tx_hash=tx_hash,
+                                          within=clear)
 
     async def begin_deposit(self, row_id: str, call: ChannelCall, *, owner: str,
                             chain_ref: dict[str, Any], lease_seconds: float, actual: int,
@@ -559,6 +563,8 @@ _RESERVE = {kind: _reserve_guard(kind) for kind in _KINDS}
 _COMMIT = {kind: _commit_guards(kind) for kind in _KINDS}
 _CLEAR = (update(channels_table).where(and_(_CHANNEL, _C.pending_row == _ROW))
           .values(pending_row=None, owner=None, lease_until=None, updated_at=_NOW))
+_CLEAR_ROW = (update(channels_table).where(_C.pending_row == _ROW)
+              .values(pending_row=None, owner=None, lease_until=None, updated_at=_NOW))
 _HOLD = (update(channels_table).where(and_(_CHANNEL, _C.pending_row == _ROW, _C.owner == _OWNER))
          .values(lease_until=None, updated_at=_NOW))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from eth_account import Account
@@ -28,6 +28,9 @@ class DevnetKeys:
     sol_mint_authority: str
     sol_merchant: str
     sol_payer: str
+    # signs channel claims as the receiverAuthorizer (issue 23 §2); a keys file written before
+    # channels existed gains one on its next load
+    evm_channel_authorizer: str = ""
 
     @staticmethod
     def generate() -> DevnetKeys:
@@ -37,7 +40,7 @@ class DevnetKeys:
         def sol() -> str:
             return str(Keypair())
 
-        return DevnetKeys(evm(), evm(), evm(), evm(), sol(), sol(), sol(), sol())
+        return DevnetKeys(evm(), evm(), evm(), evm(), sol(), sol(), sol(), sol(), evm())
 
     @staticmethod
     def evm_address(key: str) -> str:
@@ -68,10 +71,24 @@ def load_or_create_keys(data_dir: Path) -> DevnetKeys:
     """The devnet keys of this data folder, generated the first time."""
     path = data_dir / KEYS_FILE
     if path.exists():
-        return DevnetKeys(**json.loads(path.read_text()))
+        keys = DevnetKeys(**json.loads(path.read_text()))
+        if keys.evm_channel_authorizer:
+            return keys
+        keys = replace(keys, evm_channel_authorizer="0x" + secrets.token_hex(32))
+        _write(path, keys, exclusive=False)
+        return keys
     data_dir.mkdir(parents=True, exist_ok=True)
     keys = DevnetKeys.generate()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    _write(path, keys, exclusive=True)
+    return keys
+
+
+def _write(path: Path, keys: DevnetKeys, *, exclusive: bool) -> None:
+    """The keys file, owner-only (a rewrite goes through a new file renamed over the old)."""
+    target = path if exclusive else path.with_name(path.name + ".new")
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+    fd = os.open(target, flags, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(asdict(keys), fh, indent=2)
-    return keys
+    if target != path:
+        os.replace(target, path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from agent.pipeline.paid import PaidCall, PaidServices
 from agent.pipeline.schemes.base import Settlement
+from agent.pipeline.schemes.channel import ChannelSettlement
 from agent.pipeline.schemes.exact import ExactSettlement
 from agent.pipeline.schemes.upto import UptoSettlement
 
@@ -14,7 +15,8 @@ class Settlements:
     """The registry: scheme name -> its settlement, for the schemes this gateway settles."""
 
     def __init__(self, services: PaidServices) -> None:
-        settlements: list[Settlement] = [ExactSettlement(services), UptoSettlement(services)]
+        settlements: list[Settlement] = [ExactSettlement(services), UptoSettlement(services),
+                                         ChannelSettlement(services)]
         self._by_scheme = {s.scheme: s for s in settlements}
 
     def of(self, paid: PaidCall) -> Settlement:

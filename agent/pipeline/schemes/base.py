@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 from agent.pipeline.outcomes import Outcome
 from agent.pipeline.paid import PaidCall
-from payments.ledger import PaymentRow
+from payments.ledger import Claimed, Existing, PaymentRow
 from skills.skill import SkillResult
 
 
@@ -29,6 +29,18 @@ class Settlement(Protocol):
       still delivered (the reconciler records it)."""
 
     scheme: str
+
+    async def claim(self, paid: PaidCall) -> Claimed | Existing | Outcome:
+        """Take the payment for this call (the ledger's row under this replica's lease, and
+        whatever the scheme holds with it: a channel's reservation): Claimed, or the row of a
+        payment the ledger already knows (a retry), or the answer when it cannot be taken.
+        LEDGER_ERRORS raise."""
+        ...
+
+    async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
+        """Nothing is charged: the claim released with what the scheme held with it (True when
+        the ledger wrote it; if it is down the lease runs out and the reconciler releases it)."""
+        ...
 
     async def settle(self, paid: PaidCall, row_id: str, result: SkillResult, *,
                      record: bool = True) -> Outcome:

@@ -27,7 +27,7 @@ from agent.pipeline.shielding import detach, quietly, settle_guard, to_the_end
 from agent.pipeline.streams import StreamHandover
 from payments import failpoints
 from payments.broadcast_trace import BroadcastTrace, current_trace
-from payments.ledger import Ledger, PaymentRow, PaymentState
+from payments.ledger import Claimed, ClaimRequest, Existing, Ledger, PaymentRow, PaymentState
 from payments.settlement_outcome import Moved, NotMoved, Unknown, Verdict, classify
 from skills.skill import SkillResult, StreamUsage
 
@@ -44,6 +44,17 @@ class OnchainSettlement(ABC):
 
     def __init__(self, services: PaidServices) -> None:
         self.services = services
+
+    async def claim(self, paid: PaidCall) -> Claimed | Existing:
+        s, requirement = self.services, paid.matched.requirement
+        return await s.ledger.claim(ClaimRequest(
+            key=paid.identity.key, amount_atomic=paid.atomic, asset=requirement.asset,
+            pay_to=requirement.pay_to, skill_id=paid.skill.id, request_digest=paid.digest,
+            payment_id=paid.payment_id, scheme=requirement.scheme,
+        ), owner=s.policy.owner, lease_seconds=s.policy.lease_seconds)  # type: ignore[return-value]
+
+    async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
+        return await self.services.release(row_id, reason, **kwargs)
 
     @abstractmethod
     def amount_to_settle(self, paid: PaidCall, result: SkillResult) -> int:
@@ -151,7 +162,7 @@ class OnchainSettlement(ABC):
         t, s = paid.t, self.services
         guard = settle_guard.get()
         if guard is not None and not guard.begin():  # the face stopped the call: nothing moves
-            await s.release(row_id, "cancelled before settlement")
+            await self.release(row_id, "cancelled before settlement")
             return Refused(t, 503, "cancelled_before_settlement",
                            "the call was cancelled before its payment settled; nothing was charged")
         try:
@@ -163,7 +174,7 @@ class OnchainSettlement(ABC):
         except LEDGER_ERRORS as exc:
             log.error("ledger unavailable before settlement (%s); nothing was broadcast",
                       type(exc).__name__)
-            await s.release(row_id, "ledger unavailable before settlement")
+            await self.release(row_id, "ledger unavailable before settlement")
             return ledger_down(t)
         if not began:  # our lease ran out and another replica took the payment
             return Refused(t, 409, "payment_in_progress",
@@ -204,8 +215,8 @@ class OnchainSettlement(ABC):
                          verdict: NotMoved) -> Outcome:
         """Nothing moved: the claim released, the result withheld, the same payment good again."""
         s = self.services
-        if not await s.release(row_id, verdict.reason, states=(PaymentState.SETTLING,),
-                               tx_hash=verdict.transaction):
+        if not await self.release(row_id, verdict.reason, states=(PaymentState.SETTLING,),
+                                  tx_hash=verdict.transaction):
             # Nothing moved, but the ledger still says `settling`: the payment cannot be used
             # again until it knows. Keep trying in the background; the payer retries later.
             detach(s.release_when_possible(row_id, verdict.reason, verdict.transaction))

@@ -6,19 +6,15 @@ caller that leaves part way is charged for what was produced until then)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agent.pipeline.outcomes import Delivered, Outcome
+from agent.pipeline.outcomes import Outcome
 from agent.pipeline.paid import PaidCall
+from agent.pipeline.schemes.at_end import stream_settled_at_its_end
 from agent.pipeline.schemes.onchain import OnchainSettlement
-from agent.pipeline.shielding import to_the_end
-from agent.pipeline.streams import StreamHandover
 from payments.ledger import PaymentRow
-from skills.skill import SkillResult, StreamUsage
-
-log = logging.getLogger(__name__)
+from skills.skill import SkillResult
 
 
 class UptoSettlement(OnchainSettlement):
@@ -32,59 +28,4 @@ class UptoSettlement(OnchainSettlement):
 
     async def settle_stream(self, paid: PaidCall, row_id: str, chunks: AsyncIterator[Any],
                             first: Any) -> Outcome:
-        s = self.services
-        s.in_flight.add(row_id)  # the claim's lease, renewed until the stream's end settles it
-        ending = _SettledAtItsEnd(self, paid, row_id, chunks)
-        handover = StreamHandover(s.ledger, row_id, ending, first, s.policy, paid=paid.t)
-        return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), None,
-                         paid.atomic, stream=handover.chunks(), on_handover=handover.report)
-
-
-class _SettledAtItsEnd:
-    """A claimed stream's chunks, settled for what it used once it ends: at its usage item (read
-    to its end) or when it is closed early (its reader left, its upstream broke). Settled once."""
-
-    def __init__(self, settlement: UptoSettlement, paid: PaidCall, row_id: str,
-                 upstream: AsyncIterator[Any]) -> None:
-        self._settlement, self._paid, self._row_id = settlement, paid, row_id
-        self._upstream = upstream
-        self._settled: Outcome | None = None
-
-    def __aiter__(self) -> _SettledAtItsEnd:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            chunk = await self._upstream.__anext__()
-        except StopAsyncIteration:
-            await self._settle(None)
-            raise
-        if isinstance(chunk, StreamUsage):
-            await self._settle(chunk)
-        return chunk
-
-    def used(self) -> StreamUsage:
-        used = getattr(self._upstream, "used", None)
-        return used() if used is not None else StreamUsage(None)
-
-    async def aclose(self) -> None:
-        try:
-            await self._upstream.aclose()  # type: ignore[attr-defined]
-        finally:
-            await self._settle(None)
-
-    async def _settle(self, usage: StreamUsage | None) -> None:
-        if self._settled is not None:
-            return
-        used = usage or self.used()
-        result = SkillResult(body=None, usage=used.usage, upstream_cost_usd=used.upstream_cost_usd,
-                             charge_usd=used.charge_usd)
-        services = self._settlement.services
-        try:  # (runs to its end even if the reader is cancelled meanwhile)
-            self._settled = await to_the_end(
-                self._settlement.settle(self._paid, self._row_id, result, record=False))
-        finally:
-            services.in_flight.discard(self._row_id)
-        if not isinstance(self._settled, Delivered):  # the caller has what it streamed
-            log.warning("payment %s: an upto stream went out but its settlement did not move "
-                        "(%s): the operator's loss", self._row_id, type(self._settled).__name__)
+        return stream_settled_at_its_end(self, paid, row_id, chunks, first)
