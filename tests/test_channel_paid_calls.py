@@ -24,19 +24,26 @@ from typing import Any
 
 import httpx
 import pytest
+from a2a.client import ClientConfig, create_client
+from a2a.types import SendMessageRequest, TaskState
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from x402 import x402Client
-from x402.http.clients.httpx import x402HttpxClient
+from x402.http.clients.httpx import x402AsyncTransport, x402HttpxClient
+from x402.mcp.constants import MCP_PAYMENT_META_KEY, MCP_PAYMENT_RESPONSE_META_KEY
 from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme as ChannelClient
 from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
-from x402.schemas import PaymentRequired
+from x402.schemas import PaymentRequired, SettleResponse
+from x402.schemas.hooks import PaymentResponseContext
 
 from payments.codec import decode_base64_any
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
-from tests.support.paying import EVM_NET
+from tests.support.paying import EVM_NET, header
+from tests.test_a2a_chat import _chat_message
 
 MODEL = "gpt-4o"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one word."}]}
@@ -161,3 +168,156 @@ def test_a_failed_call_is_not_charged(gateway: LiveServer, rpc_url: str,
     charged = [int(receipt_of(a)["extra"]["chargedAmount"]) for a in (first, after)]
     total = int(receipt_of(after)["extra"]["channelState"]["chargedCumulativeAmount"])
     assert total == sum(charged)  # the failed call added nothing
+
+
+def test_a_client_that_lost_its_state_gets_the_corrective_402_and_resyncs(
+        gateway: LiveServer, rpc_url: str) -> None:
+    payer = Payer(gateway, rpc_url)
+    first = asyncio.run(payer.post(BODY))
+    assert first.status_code == 200, first.text
+    total = int(receipt_of(first)["extra"]["channelState"]["chargedCumulativeAmount"])
+    # The same key, a fresh client: it reads the channel on chain (nothing claimed yet, so it
+    # believes the running total is 0) and signs a voucher on the wrong base.
+    stale = Payer.__new__(Payer)
+    stale.account, stale.gateway = payer.account, gateway
+    stale.scheme = ChannelClient(EthAccountSignerWithRPC(payer.account, rpc_url))
+    stale.client = x402Client().register(EVM_NET, stale.scheme)
+    # (another request: the same request on the same base would be the first call's retry)
+    body = {**BODY, "messages": [{"role": "user", "content": "Say goodbye in one word."}]}
+    required = quote(gateway, body)
+    payload = asyncio.run(stale.client.create_payment_payload(required))
+    assert payload.payload["type"] == "voucher"
+    raw = httpx.post(f"{gateway.url}{CHAT}", json=body, timeout=60,
+                     headers={"PAYMENT-SIGNATURE": header(payload)})
+    # the first answer: the spec's corrective 402, with no receipt (a client reads the 402 only
+    # then), carrying the running total and the payer's own latest voucher
+    assert raw.status_code == 402 and "PAYMENT-RESPONSE" not in raw.headers
+    corrective = PaymentRequired.model_validate(json.loads(decode_base64_any(
+        raw.headers["PAYMENT-REQUIRED"])))
+    assert corrective.error == "invalid_batch_settlement_evm_cumulative_amount_mismatch"
+    assert "running total" in raw.json()["message"]  # (the body says it in words)
+    [channel] = [o for o in corrective.accepts if o.scheme == "batch-settlement"]
+    assert channel.extra["channelState"]["chargedCumulativeAmount"] == str(total)
+    assert channel.extra["voucherState"]["signedMaxClaimable"] == str(
+        total - int(receipt_of(first)["extra"]["chargedAmount"]) + int(required.accepts[0].amount))
+    # the SDK's own client recovers from it unchanged and the call is charged once
+    again = asyncio.run(stale.post(body))
+    assert again.status_code == 200, again.text
+    after = receipt_of(again)["extra"]
+    assert int(after["channelState"]["chargedCumulativeAmount"]) == total + int(after["chargedAmount"])
+
+
+def test_a_replayed_voucher_gets_the_kept_result_and_is_never_charged_twice(
+        gateway: LiveServer, rpc_url: str) -> None:
+    payer = Payer(gateway, rpc_url)
+    assert asyncio.run(payer.post(BODY)).status_code == 200  # the deposit
+    required = quote(gateway, BODY)
+    payload = asyncio.run(payer.client.create_payment_payload(required))
+    assert payload.payload["type"] == "voucher"
+    sent = [httpx.post(f"{gateway.url}{CHAT}", json=BODY, timeout=60,
+                       headers={"PAYMENT-SIGNATURE": header(payload)}) for _ in range(2)]
+    assert [a.status_code for a in sent] == [200, 200], sent[-1].text
+    assert sent[0].json() == sent[1].json()  # the kept result
+    assert receipt_of(sent[0])["extra"] == receipt_of(sent[1])["extra"]  # the same charge
+    rows = channel_rows(gateway, payer.account.address)
+    assert len([r for r in rows if r["state"] == "settled"]) == 2  # the deposit and the voucher
+    # the same voucher for another request is not a new call: its base is spent
+    other = httpx.post(f"{gateway.url}{CHAT}", json={**BODY, "user": "someone-else"}, timeout=60,
+                       headers={"PAYMENT-SIGNATURE": header(payload)})
+    assert other.status_code == 402
+
+
+def test_a_voucher_stream_is_charged_its_usage_at_its_end(gateway: LiveServer, rpc_url: str,
+                                                          upstream: OpenAIUpstream) -> None:
+    payer = Payer(gateway, rpc_url)
+    assert asyncio.run(payer.post(BODY)).status_code == 200  # the deposit
+    upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 40}
+
+    async def stream() -> list[str]:
+        async with x402HttpxClient(payer.client, timeout=60) as http, http.stream(
+                "POST", f"{gateway.url}{CHAT}", json={**BODY, "stream": True}) as answer:
+            assert answer.status_code == 200
+            return [line async for line in answer.aiter_lines() if line.startswith("data: ")]
+
+    events = asyncio.run(stream())
+    assert events[-1] == "data: [DONE]"
+    rows = sorted(channel_rows(gateway, payer.account.address), key=lambda r: r["created_at"])
+    streamed = rows[-1]
+    assert streamed["state"] == "settled" and streamed["usage"]["completion_tokens"] == 40
+    charge = streamed["charged_atomic"]
+    assert 0 < charge < int(quote(gateway, {**BODY, "stream": True}).accepts[0].amount)
+    # the stream's headers went out before its charge was known: the client's next call is
+    # resynced through the corrective 402 and charged on top of the stream's charge
+    upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 2}
+    after = asyncio.run(payer.post(BODY))
+    assert after.status_code == 200, after.text
+    extra = receipt_of(after)["extra"]
+    assert int(extra["channelState"]["chargedCumulativeAmount"]) == (
+        rows[0]["charged_atomic"] + charge + int(extra["chargedAmount"]))
+
+
+def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
+        gateway: LiveServer, rpc_url: str, upstream: OpenAIUpstream) -> None:
+    """The issue's test: one deposit, then vouchers over every face from one SDK client; the
+    payer's balance moves once; the running total is the sum of the delivered calls' charges."""
+    payer = Payer(gateway, rpc_url)
+    upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 2}
+    start = payer.balance()
+
+    async def rest(n: int) -> list[dict[str, Any]]:
+        async with x402HttpxClient(payer.client, timeout=60) as http:
+            answers = [await http.post(f"{gateway.url}{CHAT}", json=BODY) for _ in range(n)]
+        assert all(a.status_code == 200 for a in answers), answers[-1].text
+        return [receipt_of(a) for a in answers]
+
+    async def a2a(n: int) -> list[Any]:
+        async with httpx.AsyncClient(transport=x402AsyncTransport(payer.client), timeout=60) as http:
+            client = await create_client(gateway.url, ClientConfig(httpx_client=http, streaming=False),
+                                         relative_card_path="/.well-known/agent.json")
+            tasks = []
+            for _ in range(n):
+                events = [e async for e in client.send_message(SendMessageRequest(
+                    message=_chat_message("Say hello in one word.", MODEL)))]
+                tasks.append(next(e.task for e in events if e.HasField("task")))
+            return tasks
+
+    async def mcp(n: int) -> list[dict[str, Any]]:
+        """The SDK's MCP pieces, with the receipt fed back to the client (its MCP session does
+        not: docs/mcp.md)."""
+        receipts = []
+        args = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one word."}]}
+        async with httpx.AsyncClient(timeout=60) as http, streamable_http_client(
+                f"{gateway.url}/mcp", http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            for _ in range(n):
+                probe = await session.call_tool("chat_completions", args)
+                required = PaymentRequired.model_validate(probe.structuredContent)
+                payload = await payer.client.create_payment_payload(required)
+                paid = await session.call_tool("chat_completions", args, meta={
+                    MCP_PAYMENT_META_KEY: payload.model_dump(by_alias=True)})
+                assert not paid.isError, paid.content
+                receipt = SettleResponse.model_validate(
+                    (paid.meta or {})[MCP_PAYMENT_RESPONSE_META_KEY])
+                await payer.client.handle_payment_response(PaymentResponseContext(
+                    payment_payload=payload, requirements=payload.accepted, settle_response=receipt))
+                receipts.append(receipt.model_dump(by_alias=True))
+        return receipts
+
+    receipts = asyncio.run(rest(100))
+    tasks = asyncio.run(a2a(50))
+    receipts += asyncio.run(mcp(50))
+    assert all(t.status.state == TaskState.TASK_STATE_COMPLETED for t in tasks)
+    deposit = int(receipts[0]["amount"])
+    assert payer.balance() == start - deposit  # the payer's balance moved once: the deposit
+    rows = [r for r in channel_rows(gateway, payer.account.address) if r["state"] == "settled"]
+    assert len(rows) == 200
+    assert {r["channel_id"] for r in rows} == {receipts[0]["extra"]["channelState"]["channelId"]}
+    charges = sorted((int(r["nonce"].rsplit("/", 1)[1]), r["charged_atomic"]) for r in rows)
+    base = 0
+    for start_at, charge in charges:  # tiled: no gap, no overlap, no voucher counted twice
+        assert start_at == base and charge > 0
+        base += charge
+    last = receipts[-1]["extra"]["channelState"]
+    assert int(last["chargedCumulativeAmount"]) == base == sum(c for _, c in charges)
+    assert int(last["balance"]) == deposit  # nothing claimed yet: all of it is in escrow

@@ -349,6 +349,8 @@ class PaywireExecutor(AgentExecutor):
                                 else self._result_to_task(updater, outcome))
             finally:
                 recorder.handed_over(outcome, stored)
+            if scope is not None and outcome.receipt is not None:  # (a stream charged at its end)
+                scope.receipt = outcome.receipt
             return
         if isinstance(outcome, PaymentDemanded):
             if not paid_attempt:
@@ -423,6 +425,8 @@ class PaywireExecutor(AgentExecutor):
             return False
         await updater.add_artifact([new_text_part("")], artifact_id=artifact_id, name="result",
                                    append=True, last_chunk=True)
+        if outcome.receipt is not None:  # a stream charged at its end has its receipt now
+            receipts = [_dump(outcome.receipt)]
         meta = {STATUS_KEY: "payment-completed", RECEIPTS_KEY: receipts} if receipts else {}
         await updater.update_status(TaskState.TASK_STATE_COMPLETED,
                                     _agent_message(ctx, tid, "Done.", meta),

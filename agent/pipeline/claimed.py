@@ -220,9 +220,8 @@ class ClaimedPath:
         reached the payer and was not kept (at most `policy.free_reruns` per payment; after them,
         a 410 saying the result could not be delivered)."""
         t, ledger, policy = paid.t, self.services.ledger, self.services.policy
-        receipt = SettleResponse(success=True, transaction=row.tx_hash or "", network=row.network,
-                                 payer=row.payer, amount=str(row.charged))
         try:
+            receipt = await self.settlements.of(paid).receipt_of(row)
             kept = await ledger.stored_result(row.id)
             if kept is not None and (paid.streaming or kept.media_type != KEPT_STREAM):
                 return self._kept(paid, row, kept, receipt)

@@ -21,16 +21,19 @@ class Demand:
     """One call's quote as a 402: its requirements, resource and x402 discovery description,
     with the reason (and the failed receipt) when a payment was refused."""
 
-    __slots__ = ("_t", "_processor", "requirements", "resource", "_described")
+    __slots__ = ("_t", "_processor", "requirements", "resource", "_described", "_code_as_error")
 
     def __init__(self, t: Timings, processor: PaymentProcessor, requirements: list[PaymentRequirements],
-                 resource: ResourceInfo, described: Mapping[str, Any] | None) -> None:
+                 resource: ResourceInfo, described: Mapping[str, Any] | None,
+                 *, code_as_error: bool = False) -> None:
         self._t, self._processor, self.requirements = t, processor, requirements
         self.resource, self._described = resource, described  # (a payment is matched to these)
+        # the 402's `error` is the reason code (a corrective 402: what the SDK's client acts on)
+        self._code_as_error = code_as_error
 
     def __call__(self, reason: str | None = None, message: str | None = None,
                  receipt: SettleResponse | None = None) -> PaymentDemanded:
-        error = message or reason
+        error = (reason or message) if self._code_as_error else (message or reason)
         return PaymentDemanded(
             self._t,
             self._processor.payment_required(self.requirements, self.resource, error, self._described),
@@ -41,10 +44,12 @@ class Demand:
 
     def corrected(self, requirement: PaymentRequirements) -> Demand:
         """This quote with `requirement` in place of the offered one of its scheme and network (a
-        channel's corrective 402 carries the channel's state in its requirement)."""
+        channel's corrective 402 carries the channel's state in its requirement, and its reason
+        code as its `error`, which the SDK's client reads to resync)."""
         swapped = [requirement if (r.scheme, r.network) == (requirement.scheme, requirement.network)
                    else r for r in self.requirements]
-        return Demand(self._t, self._processor, swapped, self.resource, self._described)
+        return Demand(self._t, self._processor, swapped, self.resource, self._described,
+                      code_as_error=True)
 
 
 def quote_route(req: CallRequest, route: HttpRoute, *, bazaar: Bazaar, processor: PaymentProcessor,

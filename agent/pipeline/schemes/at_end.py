@@ -31,8 +31,10 @@ def stream_settled_at_its_end(settlement: SettlesAResult, paid: PaidCall, row_id
     s.in_flight.add(row_id)  # the claim's lease, renewed until the stream's end settles it
     ending = SettledAtItsEnd(settlement, paid, row_id, chunks)
     handover = StreamHandover(s.ledger, row_id, ending, first, s.policy, paid=paid.t)
-    return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), None,
-                     paid.atomic, stream=handover.chunks(), on_handover=handover.report)
+    delivered = Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), None,
+                          paid.atomic, stream=handover.chunks(), on_handover=handover.report)
+    ending.outcome = delivered  # its receipt and charge, once settled (a face that answers after
+    return delivered            # the stream's end, as A2A's message/send does, sends them)
 
 
 class SettledAtItsEnd:
@@ -44,6 +46,7 @@ class SettledAtItsEnd:
         self._settlement, self._paid, self._row_id = settlement, paid, row_id
         self._upstream = upstream
         self._settled: Outcome | None = None
+        self.outcome: Delivered | None = None  # the stream's own outcome, completed when settled
 
     def __aiter__(self) -> SettledAtItsEnd:
         return self
@@ -80,6 +83,9 @@ class SettledAtItsEnd:
                 self._settlement.settle(self._paid, self._row_id, result, record=False))
         finally:
             services.in_flight.discard(self._row_id)
+        if isinstance(self._settled, Delivered) and self.outcome is not None:
+            self.outcome.receipt = self._settled.receipt
+            self.outcome.price_atomic = self._settled.price_atomic
         if not isinstance(self._settled, Delivered):  # the caller has what it streamed
             log.warning("payment %s: a stream went out but its settlement did not complete "
                         "(%s): the operator's loss", self._row_id, type(self._settled).__name__)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from x402.schemas import SettleResponse
+
 from agent.pipeline.outcomes import Outcome
 from agent.pipeline.paid import PaidCall
 from payments.ledger import Claimed, Existing, PaymentRow
@@ -40,6 +42,11 @@ class Settlement(Protocol):
     async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
         """Nothing is charged: the claim released with what the scheme held with it (True when
         the ledger wrote it; if it is down the lease runs out and the reconciler releases it)."""
+        ...
+
+    async def receipt_of(self, row: PaymentRow) -> SettleResponse:
+        """The receipt of a settled payment asked again (a retry gets what the first answer said
+        was charged). LEDGER_ERRORS raise."""
         ...
 
     async def settle(self, paid: PaidCall, row_id: str, result: SkillResult, *,

@@ -47,7 +47,7 @@ from payments.channels.store import (
 from payments.channels.store import (
     Refused as ChannelRefused,
 )
-from payments.channels.wire import Onchain, corrective_requirement, read_payload
+from payments.channels.wire import Onchain, charge_extra, corrective_requirement, read_payload
 from payments.ledger import Claimed, Existing, PaymentRow
 from payments.settlement_outcome import NotMoved, Unknown
 from skills.skill import SkillResult
@@ -142,6 +142,19 @@ class ChannelSettlement(OnchainSettlement):
             log.warning("could not release payment %s (%s); its lease will run out",
                         row_id, type(exc).__name__)
             return False
+
+    async def receipt_of(self, row: PaymentRow) -> SettleResponse:
+        """The charge as the first answer said it (`chargedAmount` on top of the call's base),
+        with the channel as it is now."""
+        receipt = await super().receipt_of(row)
+        channel_id, base = row.nonce.rsplit("/", 1)
+        channel = await self.channels.store.get(channel_id)
+        if channel is None:
+            return receipt
+        return receipt.model_copy(update={"amount": "" if not row.tx_hash else receipt.amount,
+                                          "extra": charge_extra(channel_id, channel.onchain,
+                                                                charged_before=int(base),
+                                                                actual=row.charged)})
 
     # -- settle: the commit (a deposit's: after it moved) --------------------------------------
 

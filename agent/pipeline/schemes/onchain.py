@@ -56,6 +56,10 @@ class OnchainSettlement(ABC):
     async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
         return await self.services.release(row_id, reason, **kwargs)
 
+    async def receipt_of(self, row: PaymentRow) -> SettleResponse:
+        return SettleResponse(success=True, transaction=row.tx_hash or "", network=row.network,
+                              payer=row.payer, amount=str(row.charged))
+
     @abstractmethod
     def amount_to_settle(self, paid: PaidCall, result: SkillResult) -> int:
         """The atomic amount this call's settlement moves: the one place the amount sent to the
