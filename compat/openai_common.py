@@ -292,6 +292,10 @@ def json_model_route(gateway: Gateway, path: str, operation: str, max_body_bytes
         if not body and payment is None:
             return respond(await gateway.quote_route(route, f"{base_url}{path}",
                                                      client_address(request)))
+        if not body:  # a payment and no request: the pipeline says what it is for
+            return await answer_call(gateway, CallRequest(
+                skill_id="", payload={}, resource_url=f"{base_url}{path}", payment=payment,
+                operation=operation, client=client_address(request), route=route))
         skill = model_skill(gateway, body, operation)
         req = CallRequest(
             skill_id=skill.id, skill=skill, payload=body, resource_url=f"{base_url}{path}",

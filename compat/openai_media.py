@@ -219,6 +219,12 @@ def routes(gateway: Gateway, max_body_bytes: int, base_url: str,
         body = await read_json_object(request, max_body_bytes)
         if not body and payment_from(request.headers) is None:
             return await probe(request, IMAGES_JSON_ROUTE[0])
+        if not body:  # a payment and no request: the pipeline says what it is for
+            path, operation = IMAGES_JSON_ROUTE
+            return await answer_call(gateway, CallRequest(
+                skill_id="", payload={}, resource_url=f"{base_url}{path}",
+                payment=payment_from(request.headers), operation=operation,
+                client=client_address(request), route=described[path]))
         return await call(request, *IMAGES_JSON_ROUTE, body)
 
     def form_route(path: str, operation: str, blame: str) -> Callable[[Request], Awaitable[Response]]:

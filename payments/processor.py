@@ -283,6 +283,11 @@ class PaymentProcessor:
         return {entry.network.caip2: built}
 
     @property
+    def channel_authorizer(self) -> Any | None:
+        """The receiver-authorizer key claims and refunds are signed with (None: channels off)."""
+        return self._channels.authorizer if self._channels is not None else None
+
+    @property
     def offers_channels(self) -> bool:
         """Whether some network's facilitator settles `batch-settlement` channels."""
         return bool(self._channel_templates)

@@ -33,7 +33,10 @@ from mcp.client.streamable_http import streamable_http_client
 from x402 import x402Client
 from x402.http.clients.httpx import x402AsyncTransport, x402HttpxClient
 from x402.mcp.constants import MCP_PAYMENT_META_KEY, MCP_PAYMENT_RESPONSE_META_KEY
+from x402.mechanisms.evm.batch_settlement.abi import BATCH_SETTLEMENT_ABI
 from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme as ChannelClient
+from x402.mechanisms.evm.batch_settlement.client.refund import RefundOptions, _RefundResponse
+from x402.mechanisms.evm.batch_settlement.constants import BATCH_SETTLEMENT_ADDRESS
 from x402.mechanisms.evm.signers import EthAccountSignerWithRPC
 from x402.schemas import PaymentRequired, SettleResponse
 from x402.schemas.hooks import PaymentResponseContext
@@ -321,3 +324,38 @@ def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
     last = receipts[-1]["extra"]["channelState"]
     assert int(last["chargedCumulativeAmount"]) == base == sum(c for _, c in charges)
     assert int(last["balance"]) == deposit  # nothing claimed yet: all of it is in escrow
+
+
+def post_fetch(url: str, headers: dict[str, str]) -> _RefundResponse:
+    """The SDK's refund, POSTing an empty body (paywire's routes are POST; a refund buys no call)."""
+    answer = httpx.post(url, headers=headers, timeout=60)
+    return _RefundResponse(status=answer.status_code, headers=dict(answer.headers))
+
+
+def onchain(gateway: LiveServer, channel_id: str) -> tuple[int, int]:
+    """(balance, totalClaimed) of a channel, read from the contract."""
+    contract = gateway.devnet.evm.w3.eth.contract(address=BATCH_SETTLEMENT_ADDRESS,
+                                                  abi=BATCH_SETTLEMENT_ABI)
+    balance, claimed = contract.functions.channels(bytes.fromhex(channel_id[2:])).call()
+    return balance, claimed
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/marketplace/api/token-count-508"])
+def test_a_cooperative_refund_claims_the_charges_and_returns_the_rest(
+        gateway: LiveServer, rpc_url: str, path: str) -> None:
+    payer = Payer(gateway, rpc_url)
+    start = payer.balance()
+    body = BODY if path == CHAT else {"text": "count me", "model": "gpt-4o"}
+    receipts = [receipt_of(a) for a in [asyncio.run(payer.post(body, path)) for _ in range(3)]]
+    channel_id = receipts[0]["extra"]["channelState"]["channelId"]
+    charged = sum(int(r["extra"]["chargedAmount"]) for r in receipts)
+    refunded = payer.scheme.refund(f"{gateway.url}{path}", RefundOptions(fetch=post_fetch))
+    assert refunded.success and refunded.transaction
+    assert int(refunded.amount) == int(receipts[0]["amount"]) - charged
+    # the payer has back all it did not use; the channel's calls are claimed on chain
+    assert payer.balance() == start - charged
+    assert onchain(gateway, channel_id) == (charged, charged)
+    # the channel takes no more vouchers on what is gone: the next call opens it with a deposit
+    again = asyncio.run(payer.post(body, path))
+    assert again.status_code == 200, again.text
+    assert receipt_of(again)["transaction"]  # a new deposit

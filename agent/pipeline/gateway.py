@@ -21,6 +21,7 @@ from x402.schemas import ResourceInfo, VerifyResponse
 
 from agent.pipeline.bazaar import Bazaar, HttpRoute
 from agent.pipeline.catalogue import Catalogue
+from agent.pipeline.channel_refunds import ChannelRefunds, refund_payload
 from agent.pipeline.claimed import ClaimedPath
 from agent.pipeline.outcomes import (
     LEDGER_ERRORS,
@@ -90,6 +91,7 @@ class Gateway:
         self.services = PaidServices(ledger, processor, policy, InFlight(ledger, policy),
                                      refunds or RefundPolicy(), channels)
         self.claimed = ClaimedPath(self.services, Settlements(self.services), reconciler)
+        self.channel_refunds = ChannelRefunds(self.services)
         self.observer = observer  # sees every call's outcome (agent/observability/metrics.py); None: nobody
         self.controls = controls  # the operator's skill switches and payer deny list (a snapshot)
         self.limits = limits  # quotes and refused payments per client address / payer (per replica)
@@ -165,7 +167,14 @@ class Gateway:
         return outcome
 
     async def _call(self, req: CallRequest) -> Outcome:
+        refund = refund_payload(req)
+        if refund is not None:  # a channel's cooperative refund: on any paid route, any body
+            return await self.channel_refunds.refund(req, refund)
         t = Timings()
+        if not req.skill_id and req.skill is None and req.route is not None:
+            # a payment on a route every model serves, with no request: it buys nothing
+            return Refused(t, 400, "missing_model",
+                           "'model' is required: a model id from GET /v1/models", param="model")
         skill = req.skill or self.registry.get(req.skill_id)
         if skill is None:
             return Refused(

@@ -441,6 +441,39 @@ class ChannelStore:
             row_id, owner=owner, chain_ref=chain_ref, lease_seconds=lease_seconds, result=result,
             keep_result_seconds=keep_result_seconds, charged_atomic=actual, within=hold)
 
+    # -- a cooperative refund ------------------------------------------------------------------
+
+    async def begin_refund(self, channel_id: str, charged: int) -> Channel | None:
+        """Close the channel to vouchers for a refund the payer asked for, signed on the running
+        total `charged`: only while no call holds it and nothing was charged since (a voucher
+        accepted meanwhile would become unclaimable). The channel as it was, or None (then `get`
+        says why: busy, a moved total, a state that takes no refund)."""
+        now = _now()
+        async with self._ledger.writing() as conn:
+            row = (await conn.execute(
+                update(channels_table).where(and_(
+                    _C.channel_id == channel_id.lower(), _C.charged_atomic == charged,
+                    _C.state.in_((ChannelState.OPEN, ChannelState.CLOSED)),
+                    or_(_C.pending_row.is_(None), _C.lease_until < now)))
+                .values(state=ChannelState.CLOSING, pending_row=None, owner=None, lease_until=None,
+                        claim_due_at=now, updated_at=now)
+                .returning(*channels_table.c))).mappings().first()
+        return Channel.of(row) if row is not None else None
+
+    async def end_refund(self, channel_id: str, onchain: Onchain) -> Channel | None:
+        """After a refund's transaction (moved or not): paywire's own read of the chain, and the
+        state it gives (closed when nothing is left, open otherwise)."""
+        now, channel_id = _now(), channel_id.lower()
+        async with self._ledger.writing() as conn:
+            row = (await conn.execute(
+                update(channels_table).where(and_(_C.channel_id == channel_id,
+                                                  _C.state == ChannelState.CLOSING))
+                .values(**_mirror_columns(onchain, now), state=_state_of(onchain), updated_at=now,
+                        charged_atomic=case((_C.charged_atomic < onchain.total_claimed,
+                                             onchain.total_claimed), else_=_C.charged_atomic))
+                .returning(*channels_table.c))).mappings().first()
+        return Channel.of(row) if row is not None else None
+
     async def release_dead(self, row: PaymentRow, *, actor: str, lease_seconds: float = 30.0) -> bool:
         """A channel call whose replica died before anything was broadcast (`dead_calls`): taken
         by a compare-and-set on its lease (one taker among replicas), then released with its
