@@ -35,6 +35,7 @@ from agent.version import VERSION
 from compat import marketplace, openai_api
 from payments.chain_fees import ChainFeeMeter
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
+from payments.channels.reconciling import ChannelResolutions
 from payments.channels.requirements import ChannelTerms
 from payments.channels.store import ChannelStore
 from payments.controls import Controls
@@ -441,8 +442,11 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         pending_retry_seconds=settings.pending_retry_seconds)
     chain_rpcs = chain_rpcs_for(settings, devnet)
     refund_policy, refunders = refund_batchers(settings, devnet, ledger, chain_rpcs, policy.owner)
+    channel_store = ChannelStore(ledger) if settings.channels_on else None
     reconciler = Reconciler(ledger, chain_asker(chain_rpcs.get), policy,
-                            interval_seconds=settings.reconcile_interval_seconds)
+                            interval_seconds=settings.reconcile_interval_seconds,
+                            channels=ChannelResolutions(channel_store, chain_rpcs.get)
+                            if channel_store is not None else None)
     fee_meter = chain_fee_meter(settings, ledger, chain_rpcs, policy.owner)
     metrics = Metrics(VERSION) if settings.metrics else None  # a registry per app: see observability
     controls = Controls(engine, refresh_seconds=settings.controls_refresh_seconds)
@@ -455,8 +459,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       payer_mistakes=PayerMistakes(chain_rpcs.get, faucet_url=(
                           f"{settings.base_url}/devnet/faucet" if devnet is not None else None)),
                       refunds=refund_policy,  # what an exact Solana call's receipt says is owed
-                      channels=ChannelServices(ChannelStore(ledger), chain_rpcs.get)
-                      if settings.channels_on else None)
+                      channels=ChannelServices(channel_store, chain_rpcs.get)
+                      if channel_store is not None else None)
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,

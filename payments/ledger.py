@@ -749,8 +749,10 @@ class Ledger:
         return [PaymentRow.of(r) for r in rows]
 
     async def resolve(self, row_id: str, *, owner: str, to: PaymentState, actor: str,
-                      detail: str, tx_hash: str | None = None) -> bool:
-        """The reconciler's verdict on a row it holds, and an event saying what it did."""
+                      detail: str, tx_hash: str | None = None, within: Within | None = None) -> bool:
+        """The reconciler's verdict on a row it holds, and an event saying what it did. `within`
+        runs in the same transaction (a channel call's reservation and charge); when it declines,
+        nothing is written."""
         t = payments_table
         now = _now()
         values: dict[str, Any] = {"state": to, "updated_at": now, "lease_until": None}
@@ -758,20 +760,25 @@ class Ledger:
             values["tx_hash"] = tx_hash
         if to == PaymentState.RELEASED:
             values["error"] = detail[:2000]
-        async with self._write() as conn:
-            before = (await conn.execute(select(t.c.state).where(and_(
-                t.c.id == row_id, t.c.owner == owner, t.c.state.in_(UNFINISHED))))).scalar()
-            if before is None:
-                return False
-            moved = await conn.execute(update(t).where(and_(
-                t.c.id == row_id, t.c.owner == owner, t.c.state == before)).values(**values))
-            if moved.rowcount != 1:
-                return False
-            await conn.execute(insert(events_table).values(
-                payment_row=row_id, at=now, actor=actor, from_state=before, to_state=to,
-                detail=detail[:2000]))
-            if to == PaymentState.RELEASED:
-                await conn.execute(delete(results_table).where(results_table.c.payment_row == row_id))
+        try:
+            async with self._write() as conn:
+                before = (await conn.execute(select(t.c.state).where(and_(
+                    t.c.id == row_id, t.c.owner == owner, t.c.state.in_(UNFINISHED))))).scalar()
+                if before is None:
+                    return False
+                moved = await conn.execute(update(t).where(and_(
+                    t.c.id == row_id, t.c.owner == owner, t.c.state == before)).values(**values))
+                if moved.rowcount != 1:
+                    return False
+                await _run_within(within, conn, row_id)
+                await conn.execute(insert(events_table).values(
+                    payment_row=row_id, at=now, actor=actor, from_state=before, to_state=to,
+                    detail=detail[:2000]))
+                if to == PaymentState.RELEASED:
+                    await conn.execute(delete(results_table).where(
+                        results_table.c.payment_row == row_id))
+        except _Declined:
+            return False
         return True
 
     async def note_event(self, row_id: str, *, actor: str, state: PaymentState, detail: str) -> None:

@@ -520,5 +520,8 @@ def _channel_identity(requirement: PaymentRequirements, inner: dict[str, Any]) -
                "value": str(payload.deposit_amount), "valid_after": str(auth["validAfter"]),
                "valid_before": str(auth["validBefore"]),
                "nonce": build_erc3009_deposit_nonce(voucher.channel_id, auth["salt"]).lower(),
-               "channel_id": voucher.channel_id}
+               "channel_id": voucher.channel_id,
+               # what the reconciler charges the call with if the deposit moved and this replica
+               # did not live to record it
+               "voucher": {"ceiling": str(voucher.ceiling), "signature": voucher.signature}}
     return PaymentIdentity(key, ref)

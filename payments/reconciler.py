@@ -52,6 +52,7 @@ from .chain_probe import (
     probe_nonce_reached,
     probe_our_sends,
 )
+from .channels.reconciling import ChannelResolutions
 from .leases import SettlementPolicy
 from .ledger import Ledger, PaymentRow
 from .ledger_schema import UNFINISHED, PaymentState
@@ -180,7 +181,8 @@ class Tally:
 class Reconciler:
     def __init__(self, ledger: Ledger, ask: Ask, policy: SettlementPolicy,
                  *, interval_seconds: float = 15.0,
-                 senders: Mapping[str, EvmSender] | None = None) -> None:
+                 senders: Mapping[str, EvmSender] | None = None,
+                 channels: ChannelResolutions | None = None) -> None:
         """`senders`: the in-process facilitator's EVM account per CAIP-2 network (none for a
         remote facilitator); `know_sender` adds one later (its send lock is shared at startup)."""
         self._ledger, self._ask, self._policy = ledger, ask, policy
@@ -190,6 +192,7 @@ class Reconciler:
         # No attempt of a payment begins a send later than this after it began.
         self.early_after_seconds = broadcast_trace.SEND_WINDOW_SECONDS + EARLY_MARGIN_SECONDS
         self._seen: dict[str, _Seen] = {}
+        self._channels = channels  # a channel call's verdict carries its channel's part
 
     def know_sender(self, network: str, sender: EvmSender) -> None:
         """Prove payments on `network` unmoved before they expire, through `sender`: the
@@ -333,7 +336,9 @@ class Reconciler:
 
     async def _resolve(self, row: PaymentRow, to: PaymentState, detail: str, owner: str,
                        tx_hash: str | None = None) -> None:
-        done = await self._ledger.resolve(row.id, owner=owner, to=to,
-                                          actor=self.actor, detail=detail, tx_hash=tx_hash)
+        within = (await self._channels.within(row, to)
+                  if self._channels is not None and row.channel_id is not None else None)
+        done = await self._ledger.resolve(row.id, owner=owner, to=to, actor=self.actor,
+                                          detail=detail, tx_hash=tx_hash, within=within)
         if done:
             log.info("payment %s %s -> %s by the reconciler: %s", row.id, row.state, to, detail)

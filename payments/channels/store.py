@@ -51,6 +51,7 @@ from ..ledger import (
     PaymentKey,
     PaymentRow,
     StoredResult,
+    Within,
     keep_result,
 )
 from ..ledger_schema import ChannelState, PaymentState, channels_table, payments_table
@@ -473,6 +474,36 @@ class ChannelStore:
                                              onchain.total_claimed), else_=_C.charged_atomic))
                 .returning(*channels_table.c))).mappings().first()
         return Channel.of(row) if row is not None else None
+
+    # -- the reconciler's verdicts on channel calls ---------------------------------------------
+
+    def resolution(self, row: PaymentRow, to: PaymentState,
+                   onchain: Onchain | None = None) -> Within:
+        """What a channel call's row carries with the reconciler's verdict, in its transaction:
+        released, the channel's reservation cleared; settled (a deposit the chain shows moved,
+        `onchain` paywire's read after it), the call charged what its intent recorded on top of
+        its base, with the voucher the intent kept, as the call's own commit would have. A
+        channel no longer held for the row declines (nothing is written; asked again later)."""
+        if to == PaymentState.RELEASED:
+            async def clear(conn: Any, row_id: str) -> bool:
+                await conn.execute(_CLEAR_ROW, {"b_row": row_id, "b_now": _now()})
+                return True
+            return clear
+        if to != PaymentState.SETTLED or onchain is None or row.channel_id is None:
+            raise ValueError("a channel call settles by the reconciler only as a deposit that moved, "
+                             "with paywire's read of the channel")
+        voucher = (row.chain_ref or {}).get("voucher") or {}
+        now = _now()
+        params = {"b_row": row.id, "b_cid": row.channel_id, "b_base": int(row.nonce.rsplit("/", 1)[1]),
+                  "b_actual": row.charged, "b_now": now, "b_ceiling": int(voucher["ceiling"]),
+                  "b_signature": voucher["signature"], "b_threshold": self._threshold,
+                  "b_due": now + self._interval, **_mirror_params(onchain, now),
+                  "b_state": _state_after_deposit(onchain)}
+        charge = _COMMIT[PAYLOAD_TYPE_DEPOSIT][1].write
+
+        async def commit(conn: Any, row_id: str) -> bool:
+            return (await conn.execute(charge, params)).first() is not None
+        return commit
 
     async def release_dead(self, row: PaymentRow, *, actor: str, lease_seconds: float = 30.0) -> bool:
         """A channel call whose replica died before anything was broadcast (`dead_calls`): taken
