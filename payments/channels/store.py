@@ -64,10 +64,12 @@ CHANNEL_CLOSING = "channel_closing"
 CHANNEL_QUARANTINED = "channel_quarantined"
 CHANNEL_CLOSED = "channel_closed"
 TAKEN_OVER = "taken_over"  # the call's row or reservation is no longer this replica's
+CHANNEL_STALE = "channel_stale"  # the mirror is older than the caller's sync window (read again)
 
 _C = channels_table.c
 _P = payments_table.c
 _RESERVE_ATTEMPTS = 3  # a reserve refused by a state that changed before it was explained
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _now() -> datetime:
@@ -308,16 +310,18 @@ class ChannelStore:
 
     # -- reserve -------------------------------------------------------------------------------
 
-    async def reserve(self, call: ChannelCall, *, owner: str,
-                      lease_seconds: float) -> Reserved | Refused | Existing:
+    async def reserve(self, call: ChannelCall, *, owner: str, lease_seconds: float,
+                      synced_within: float | None = None) -> Reserved | Refused | Existing:
         """Claim the call's row and reserve its channel, in one transaction. Existing: the row of
         this very call (a retry: same request, same voucher) or of its payment identifier, for
         the caller to answer as any retry. Another call on the same base finds the row of the
-        call that holds (or was charged on) that base: refused by the channel's rules."""
+        call that holds (or was charged on) that base: refused by the channel's rules.
+        `synced_within`: refused `CHANNEL_STALE` when the chain's mirror is older (seconds)."""
         guard = _RESERVE[call.kind]
         for _ in range(_RESERVE_ATTEMPTS):
             now = _now()
-            params = {"b_cid": call.channel_id, "b_now": now, "b_base": call.base,
+            fresh = now - timedelta(seconds=synced_within) if synced_within is not None else _EPOCH
+            params = {"b_cid": call.channel_id, "b_now": now, "b_base": call.base, "b_fresh": fresh,
                       "b_ceiling": call.voucher.ceiling, "b_owner": owner,
                       "b_lease": now + timedelta(seconds=lease_seconds)}
 
@@ -572,6 +576,8 @@ def _reserve_guard(kind: str) -> _Guarded:
     open_to = (ChannelState.OPEN,) if kind == PAYLOAD_TYPE_VOUCHER else (
         ChannelState.OPEN, ChannelState.CLOSED)  # a deposit opens a closed channel
     rules: Rules = [
+        # the chain's mirror is recent enough to check a voucher against (else: read it again)
+        ("stale", _C.onchain_synced_at >= _bind("b_fresh", _C.onchain_synced_at)),
         ("busy", or_(_C.pending_row.is_(None), _C.lease_until < _NOW)),
         ("state", _C.state.in_(open_to)),
         ("withdrawal", _C.withdraw_requested_at == 0),
@@ -642,6 +648,9 @@ def _same_call(row: PaymentRow, call: ChannelCall) -> bool:
 
 def _reserve_refusal(failed: str, call: ChannelCall, channel: Channel) -> Refusal:
     ceiling, expected = call.voucher.ceiling, channel.charged + call.price
+    if failed == "stale":
+        return Refusal(CHANNEL_STALE, "paywire's read of the channel on chain is too old to check "
+                                      "this voucher against: read it again")
     if failed == "busy":
         return _busy(channel)
     if failed == "base":

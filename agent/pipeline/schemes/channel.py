@@ -39,6 +39,8 @@ from payments import failpoints
 from payments.chain_probe import ProbeError
 from payments.channels.chain import read_channel
 from payments.channels.store import (
+    CHANNEL_STALE,
+    Channel,
     ChannelCall,
     Committed,
     Reserved,
@@ -78,27 +80,31 @@ class ChannelSettlement(OnchainSettlement):
     # -- claim: the row and the channel's reservation, in one transaction ----------------------
 
     async def claim(self, paid: PaidCall) -> Claimed | Existing | Outcome:  # type: ignore[override]
-        s, call = self.services, self.call_of(paid)
-        problem = await self._in_sync(paid, call)
-        if problem is not None:
-            return problem
-        got = await self.channels.store.reserve(call, owner=s.policy.owner,
-                                                lease_seconds=s.policy.lease_seconds)
+        """Reserve at once (the rules include the mirror's age: no read on the hot path); a
+        channel paywire does not know, or whose mirror is older than the sync window, is read
+        from the chain first, then reserved again."""
+        s, call, channels = self.services, self.call_of(paid), self.channels
+        got = await channels.store.reserve(call, owner=s.policy.owner,
+                                           lease_seconds=s.policy.lease_seconds,
+                                           synced_within=channels.sync_seconds)
+        if isinstance(got, ChannelRefused) and got.refusal.reason in (CHANNEL_STALE,
+                                                                       bs.ERR_CHANNEL_NOT_FOUND):
+            problem = await self._in_sync(paid, call, got.channel)
+            if problem is not None:
+                return problem
+            got = await channels.store.reserve(call, owner=s.policy.owner,
+                                               lease_seconds=s.policy.lease_seconds)
         if isinstance(got, Reserved):
             return Claimed(got.row_id)
         if isinstance(got, Existing):
             return got
         return self._refused(paid, call, got)
 
-    async def _in_sync(self, paid: PaidCall, call: ChannelCall) -> Outcome | None:
-        """The channel's row, created on first sight and its mirror of the chain refreshed when
-        older than the sync window, from paywire's own read of the chain."""
+    async def _in_sync(self, paid: PaidCall, call: ChannelCall, channel: Channel | None) -> Outcome | None:
+        """The channel's row created on first sight, or its mirror of the chain refreshed, from
+        paywire's own read of the chain."""
         channels = self.channels
-        channel = await channels.store.get(call.channel_id)
         now = datetime.now(UTC)
-        if (channel is not None and channel.onchain_synced_at is not None
-                and (now - channel.onchain_synced_at).total_seconds() < channels.sync_seconds):
-            return None
         rpc = channels.rpc_for(call.network)
         if rpc is None:
             if channel is not None:
