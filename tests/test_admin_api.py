@@ -18,15 +18,18 @@ from agent.cli.main import main
 from agent.settings import ConfigError, Settings
 from tests.support.live_server import LiveServer
 from tests.support.operator_ledger import (
+    CHANNEL_TOKEN,
     FAILURE,
     PENDING_TX,
     SKILL,
     Watched,
+    add_channels,
     add_failure_and_pending,
     admin_token,
     pay_calls,
     start_admin_server,
 )
+from tests.support.paying import EVM_NET
 
 TOKEN = admin_token()
 
@@ -183,3 +186,38 @@ def test_a_short_token_stops_startup(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert main(["serve", "--port", "1"]) == 2  # refused before anything listens
     err = capsys.readouterr().err
     assert "PAYWIRE_ADMIN_TOKEN must be a token of 32 to 256" in err and short not in err
+
+
+def test_the_channels_are_the_clis(operated: tuple[LiveServer, list[str], Watched],
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Channels written into the server's ledger as the gateway writes them: /admin/channels
+    gives their totals and the channels with the most unclaimed first, as `paywire ledger` does."""
+    live, _, _ = operated
+    written = add_channels(live)
+    assert get(live, "/channels", token=None).status_code == 401
+    report = get(live, "/channels").json()
+    [totals] = report["totals"]
+    assert (totals["network"], totals["token"], totals["channels"], totals["by_state"]) == (
+        EVM_NET, CHANNEL_TOKEN, 3, {"open": 1, "closing": 1, "quarantined": 0, "closed": 1})
+    assert [totals[f"{name}_atomic"] for name in ("balance", "charged", "claimed", "unclaimed",
+                                                  "escrow")] == [
+        written.balance, written.charged, written.claimed, written.unclaimed, written.escrow]
+    assert (totals["unclaimed_usd"], totals["escrow_usd"]) == ("0.023", "1.02125")
+    assert totals["next_claim_at"] is not None and totals["oldest_sync_at"] is not None
+    assert [(c["channel_id"], c["state"], c["unclaimed_atomic"]) for c in report["channels"]] == [
+        (written.busy, "open", 17_250), (written.leaving, "closing", 5_750),
+        (written.empty, "closed", 0)]
+    assert json.loads(cli(capsys, live, "--json"))["channels"] == report
+    assert [c["channel_id"] for c in get(live, "/channels", limit="1").json()["channels"]] == [
+        written.busy]
+    assert get(live, "/channels", limit="0").json()["channels"] == []
+    for wrong in ("1001", "-1", "many"):
+        answer = get(live, "/channels", limit=wrong)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "limit"
+
+    text = cli(capsys, live)
+    assert f"  {EVM_NET} {CHANNEL_TOKEN}: 3 channels (1 open, 1 closing, 1 closed)" in text
+    assert ("    balance 1050000  charged 28750  claimed 5750  unclaimed 23000  escrow 1021250"
+            in text)
+    busy = next(line for line in text.splitlines() if line.strip().startswith(written.busy))
+    assert busy.split()[2:7] == ["open", "1000000", "23000", "5750", "17250"]

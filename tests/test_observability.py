@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import subprocess
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
@@ -33,6 +34,7 @@ from skills.skill import Payload, SkillResult
 from tests.pipeline.harness import MODEL, build_pipeline, make_skill
 from tests.support.fake_upstream import FakeStream, chat_answer, chat_chunks
 from tests.support.live_server import LiveServer, start_server
+from tests.support.operator_ledger import CHANNEL_TOKEN, write_channels
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, quote, receipt, sign
 from tests.support.scripted_facilitator import (
     INSUFFICIENT_BALANCE,
@@ -390,3 +392,33 @@ def test_paywire_serve_writes_json_lines_with_request_ids(tmp_path: Path) -> Non
     assert any(x["logger"] == "uvicorn.error" for x in lines)  # uvicorn's own lines too
     assert MARKER not in text and signed.payload["signature"] not in text and header(signed) not in text
 
+
+
+async def test_channels_show_by_state_with_their_balances_unclaimed_charges_and_next_claim(
+        tmp_path: Path) -> None:
+    """Channels written as the gateway writes them (tests/support/operator_ledger.py: deposits,
+    voucher calls, a claim, a withdrawal), read from the ledger at the scrape."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    engine = create_async_engine(url)
+    ledger = Ledger(engine)
+    try:
+        await ledger.create_tables()
+        before = time.time()
+        written = await write_channels(url)
+        after = time.time()
+        samples = parse((await Metrics("test").exposition(ledger, None))[0].decode())
+        assert value(samples, "paywire_ledger_up") == 1
+        by_state = {state: value(samples, "paywire_channels", network=EVM_NET, state=state)
+                    for state in ("open", "closing", "quarantined", "closed")}
+        assert by_state == {"open": 1, "closing": 1, "quarantined": 0, "closed": 1}
+        labels = {"network": EVM_NET, "token": CHANNEL_TOKEN}
+        assert [value(samples, f"paywire_channel_{name}_atomic", **labels)
+                for name in ("balance", "unclaimed", "escrow")] == [
+            written.balance, written.unclaimed, written.escrow] == [1_050_000, 23_000, 1_021_250]
+        # the withdrawal made its channel due at once (x402 #3464): the next claim is then
+        due = value(samples, "paywire_channel_next_claim_timestamp_seconds", **labels)
+        assert before <= due <= after
+        assert len([key for key in samples if key[0].startswith("paywire_channel")]) == 4 + 4
+    finally:
+        ledger.close()
+        await engine.dispose()

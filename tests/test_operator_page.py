@@ -20,15 +20,17 @@ import pytest
 from tests.support.live_server import LiveServer
 from tests.support.operator_ledger import (
     BODY,
+    CHANNEL_TOKEN,
     FAILURE,
     PENDING_TX,
     SKILL,
+    add_channels,
     add_failure_and_pending,
     admin_token,
     pay_calls,
     start_admin_server,
 )
-from tests.support.paying import SOL_NET, client_for, header, post_paid, quote, receipt, sign
+from tests.support.paying import EVM_NET, SOL_NET, client_for, header, post_paid, quote, receipt, sign
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -172,3 +174,52 @@ def test_the_board_fits_a_1280_px_window_with_a_solana_signature(
             browser.close()
     assert not problems, problems
     assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
+
+
+def test_the_operator_sees_the_channels_and_what_is_not_claimed_yet(
+        watched: tuple[LiveServer, list[str]]) -> None:
+    """Channels in the server's ledger (a deposit with calls and a claim, a withdrawal, an empty
+    one): their totals and the channels with the most unclaimed first, ids shortened with the
+    whole id in the title, still within a 1280 px window."""
+    live, _ = watched
+    written = add_channels(live)
+    problems: list[str] = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+            page.set_default_timeout(15_000)
+            page.goto(f"{live.url}/admin/")
+            page.fill("#token", TOKEN)
+            page.click("#login button[type=submit]")
+            page.wait_for_selector("body[data-loaded=true]")
+            heads = page.eval_on_selector_all("#channel-totals th", "cells => cells.map(c => c.textContent)")
+            assert heads == ["network", "token", "channels", "balance", "charged", "claimed",
+                             "unclaimed", "escrow", "next claim (UTC)", "oldest read"]
+            [totals] = page.eval_on_selector_all(
+                "#channel-totals tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+            assert totals[:8] == [EVM_NET, CHANNEL_TOKEN[:6] + "…" + CHANNEL_TOKEN[-4:],
+                                  "1 open, 1 closing, 1 closed", "$1.05", "$0.02875", "$0.00575",
+                                  "$0.023", "$1.02125"]
+            assert totals[8].startswith(datetime.now(UTC).strftime("%Y-%m-%d"))
+            assert totals[9].endswith(" ago")
+            rows = page.eval_on_selector_all(
+                "#channels tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+            assert [row[2:7] for row in rows] == [
+                ["open", "$1", "$0.023", "$0.00575", "$0.01725"],
+                ["closing", "$0.05", "$0.00575", "$0", "$0.00575"],
+                ["closed", "$0", "$0", "$0", "$0"]]
+            assert rows[2][7] == "-"  # nothing to claim: no next claim
+            first = page.locator("#channels tbody tr").first.locator("td").first
+            assert first.text_content() == written.busy[:6] + "…" + written.busy[-4:]
+            assert first.get_attribute("title") == written.busy
+            widths = page.evaluate("[document.scrollingElement.scrollWidth, window.innerWidth]")
+            board = page.evaluate("[document.getElementById('channel-totals').offsetWidth, "
+                                  "document.getElementById('board').offsetWidth]")
+            page.screenshot(path=str(artifacts() / "operator-page-channels.png"), full_page=True)
+        finally:
+            browser.close()
+    assert not problems, problems
+    assert widths[0] <= widths[1], f"the page is {widths[0]} px wide in a {widths[1]} px window"
+    assert board[0] <= board[1], f"the channel totals are {board[0]} px wide on a {board[1]} px board"

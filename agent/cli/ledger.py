@@ -1,5 +1,6 @@
-"""`paywire ledger [revenue | payments]`: what the payment ledger holds (ledger_report.py), and the
-accounting figures as a table, CSV or JSON (accounting_report.py). Reads only."""
+"""`paywire ledger [revenue | payments]`: what the payment ledger holds (ledger_report.py: payments,
+refunds, chain fees, channels), and the accounting figures as a table, CSV or JSON
+(accounting_report.py). Reads only."""
 
 from __future__ import annotations
 
@@ -21,10 +22,14 @@ _DATABASE_HELP = ("the database (default: PAYWIRE_DATABASE_URL, else the SQLite 
 
 def register(commands: Commands) -> None:
     ledger = commands.add_parser(
-        "ledger", help="the payments: by state, stuck ones, the reconciler; revenue and exports",
+        "ledger", help="the payments: by state, stuck ones, the reconciler; channels; revenue and "
+        "exports",
         description="What the payment ledger holds. With no option: payments and amounts by state, "
         "then the unfinished ones (claimed, settling, pending), oldest first, marked STUCK once "
-        "their lease ran out and the reconciler has not settled them yet. `paywire ledger revenue`: "
+        "their lease ran out and the reconciler has not settled them yet; the Solana refunds, the "
+        "chain fees, and the batch-settlement channels (per network and token: by state, deposits, "
+        "charges, claims, the unclaimed rest, the escrow left and the next claim; then the --limit "
+        "channels with the most unclaimed in JSON, 20 in text). `paywire ledger revenue`: "
         "revenue, upstream cost and margin by skill, network and day; `paywire ledger payments`: "
         "the payments, filtered, as a table, CSV or JSON (`COMMAND --help` for their options). "
         "Reads only.",
@@ -34,7 +39,7 @@ def register(commands: Commands) -> None:
     ledger.add_argument("--events", action="store_true",
                         help="list what the reconciler did (settled or released a payment), newest first")
     ledger.add_argument("--limit", type=int, default=50, metavar="N",
-                        help="at most N payments or events (default: %(default)s)")
+                        help="at most N payments, events or channels (default: %(default)s)")
     ledger.add_argument("--json", action="store_true", help="print JSON instead of text")
     database_options(ledger, _DATABASE_HELP)
     ledger.set_defaults(func=show)

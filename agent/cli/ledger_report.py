@@ -5,8 +5,10 @@ transaction, marked "stuck" once their lease ran out (the reconciler has not set
 its chain could not be asked, or the payment may still move); the Solana refunds, in total and
 by payer (owed: not in a transfer yet; sending: in one not confirmed yet; confirmed); the chain
 fees paywire's transactions paid, by network and kind (in the native token's smallest unit, and in
-USD where its price is set), with how many wait to be read; what the reconciler did; or the
-latest payments in one state. `--json` prints the same as one JSON document.
+USD where its price is set), with how many wait to be read; the batch-settlement channels (per
+network and token: by state, deposits, charges, claims, the unclaimed rest, the escrow left, the
+next claim; then the channels with the most unclaimed); what the reconciler did; or the latest
+payments in one state. `--json` prints the same as one JSON document.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 
 from payments.accounting import Accounting, FeeTotal, decimal_text
 from payments.chain_fees import FeePrices, native_token
+from payments.channel_report import MAX_LISTED, ChannelReport, read_channels
 from payments.ledger import Ledger, PaymentRow
 from payments.ledger_schema import ChainFeeState, PaymentState
 from payments.refund_ledger import PayerRefunds, RefundLedger
 
 REFUND_PAYERS = 20  # payers listed (those owed the most first); --json lists up to --limit
+CHANNELS_LISTED = 20  # channels listed (the most unclaimed first); --json lists up to --limit
 
 
 def _age(moment: datetime | None, now: datetime) -> str:
@@ -67,13 +71,14 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
     refunds, payers = await RefundLedger(ledger).by_payer(limit)
     prices = prices or FeePrices()
     fees = [_fee(total, prices) for total in await Accounting(ledger.engine, prices).fee_totals()]
+    channels = await read_channels(ledger.engine, limit=max(0, min(limit, MAX_LISTED)))
     if as_json:
         return json.dumps({"by_state": {k: {"payments": n, "amount_atomic": a}
                                         for k, (n, a) in counts.items()},
                            "unfinished": unfinished,
                            "refunds": {"total": refunds.as_dict() | {"payer": None},
                                        "by_payer": [p.as_dict() for p in payers]},
-                           "chain_fees": fees}, indent=2)
+                           "chain_fees": fees, "channels": channels.as_dict()}, indent=2)
     lines = ["payments by state:"]
     for name in PaymentState:
         n, amount = counts.get(name.value, (0, 0))
@@ -85,6 +90,7 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
         lines.append(_table(unfinished, "unfinished payments, oldest first"))
     lines += _refund_lines(refunds, payers[:REFUND_PAYERS])
     lines += _fee_lines(fees)
+    lines += _channel_lines(channels, now)
     return "\n".join(lines)
 
 
@@ -116,6 +122,35 @@ def _fee_lines(fees: list[dict[str, Any]]) -> list[str]:
            ChainFeeState.MISSING: "given up: the node never knew them"}
     lines += [f"  {f['network']:<40} {f['kind']:<16} {f['transactions']:>12} {why[f['state']]}"
               for f in fees if f["state"] != ChainFeeState.RECORDED]
+    return lines
+
+
+def _channel_lines(report: ChannelReport, now: datetime) -> list[str]:
+    """The channels per network and token, then those with the most unclaimed (atomic units)."""
+    if not report.totals:
+        return ["channels (batch-settlement): none"]
+
+    def when(moment: datetime | None) -> str:
+        return moment.strftime("%Y-%m-%d %H:%M:%S") if moment is not None else "-"
+
+    lines = ["channels (batch-settlement), in the token's atomic units (USDC: 10^-6 USD); unclaimed: "
+             "charged, not claimed on chain yet; escrow: deposited, not charged yet:"]
+    for t in report.totals:
+        states = ", ".join(f"{n} {state}" for state, n in t.by_state if n)
+        lines += [f"  {t.network} {t.token}: {t.channels} channels ({states})",
+                  f"    balance {t.balance_atomic}  charged {t.charged_atomic}  claimed "
+                  f"{t.claimed_atomic}  unclaimed {t.unclaimed_atomic}  escrow {t.escrow_atomic}",
+                  f"    next claim (UTC) {when(t.next_claim_at)}  oldest chain read "
+                  f"{_age(t.oldest_sync_at, now) + ' ago' if t.oldest_sync_at else '-'}"]
+    listed = report.channels[:CHANNELS_LISTED]
+    lines += ["  the most unclaimed first:",
+              f"  {'channel':<66} {'payer':<42} {'state':<11} {'balance':>12} {'charged':>12} "
+              f"{'claimed':>12} {'unclaimed':>12}  next claim (UTC)"]
+    for c in listed:
+        due = c.claim_due_at if c.unclaimed_atomic > 0 and c.state != "quarantined" else None
+        lines.append(f"  {c.channel_id:<66} {c.payer:<42} {c.state:<11} {c.balance_atomic:>12} "
+                     f"{c.charged_atomic:>12} {c.claimed_atomic:>12} {c.unclaimed_atomic:>12}  "
+                     f"{when(due)}")
     return lines
 
 

@@ -6,6 +6,9 @@ on every answer (`X-Request-Id`), and one log line per paid call (agent/observab
   from the ledger at each scrape; the ledger down is `paywire_ledger_up 0`, still a 200.
 - Chain fees (payments/chain_fees.py): read from the ledger at each scrape too, as counters by
   network and kind in the native token's smallest unit (every replica reports the same totals).
+- Channels (payments/channel_report.py): read at each scrape too, as gauges: channels by network
+  and state; per network and token the deposits held, the unclaimed charges, the escrow left and
+  when the next claim is due.
 - `CallFacts.of`: what a call's Outcome says, once, for the metrics and the log line. Labels are
   bounded: skills are the registry's ids (an unknown one is "unknown"), networks the configured
   ones (anything else "other"), outcomes the pipeline's codes.
@@ -40,6 +43,7 @@ from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
 from agent.pipeline.requests import CallRequest
 from payments.accounting import Accounting
 from payments.chain_fees import native_token
+from payments.channel_report import ChannelTotals, read_channels
 from payments.ledger_schema import ChainFeeState
 from payments.money import atomic_to_usd, usd_text, usd_to_atomic
 
@@ -222,8 +226,9 @@ class _Scrape:
 async def _ledger_families(ledger: Any) -> list[Metric]:
     up = GaugeMetricFamily("paywire_ledger_up", "1 when the ledger answered this scrape, else 0")
     try:
-        counts, fees = await asyncio.wait_for(asyncio.gather(
-            ledger.counts(), Accounting(ledger.engine).fee_totals()), LEDGER_READ_TIMEOUT_SECONDS)
+        counts, fees, channels = await asyncio.wait_for(asyncio.gather(
+            ledger.counts(), Accounting(ledger.engine).fee_totals(),
+            read_channels(ledger.engine, limit=0)), LEDGER_READ_TIMEOUT_SECONDS)
     except Exception as exc:  # noqa: BLE001 - whatever the database did, the scrape still answers
         log.warning("metrics: the ledger did not answer (%s); paywire_ledger_up 0", type(exc).__name__)
         up.add_metric([], 0)
@@ -236,7 +241,8 @@ async def _ledger_families(ledger: Any) -> list[Metric]:
     for state, (n, total) in sorted(counts.items()):
         payments.add_metric([state], n)
         amounts.add_metric([state], total)
-    return [up, payments, amounts, *_chain_fee_families(fees)]
+    return [up, payments, amounts, *_chain_fee_families(fees),
+            *_channel_families(channels.totals)]
 
 
 def _chain_fee_families(totals: Iterable[Any]) -> list[Metric]:
@@ -267,6 +273,36 @@ def _chain_fee_families(totals: Iterable[Any]) -> list[Metric]:
     for (network, state), n in sorted(waiting.items()):
         unread.add_metric([network, state], n)
     return [fees, transactions, gas, unread]
+
+
+def _channel_families(totals: Iterable[ChannelTotals]) -> list[Metric]:
+    """The channels (`read_channels`' totals): how many by network and state (every state named
+    once a network has a channel), and per network and token what they hold, in the token's
+    atomic units (USDC: 10^-6 USD)."""
+    channels = GaugeMetricFamily("paywire_channels", "batch-settlement channels by state (open, "
+                                 "closing, quarantined, closed)", labels=["network", "state"])
+    balance = GaugeMetricFamily("paywire_channel_balance_atomic", "what the channels' payers "
+                                "deposited, as paywire last read the chain", labels=["network", "token"])
+    unclaimed = GaugeMetricFamily("paywire_channel_unclaimed_atomic", "charges of delivered calls "
+                                  "not claimed on chain yet", labels=["network", "token"])
+    escrow = GaugeMetricFamily("paywire_channel_escrow_atomic", "deposits not charged yet (what "
+                               "refunds would return)", labels=["network", "token"])
+    next_claim = GaugeMetricFamily(
+        "paywire_channel_next_claim_timestamp_seconds", "when the next claim is due (unix time; "
+        "absent: nothing to claim)", labels=["network", "token"])
+    by_state: dict[tuple[str, str], int] = {}
+    for total in totals:
+        for state, n in total.by_state:
+            by_state[(total.network, state)] = by_state.get((total.network, state), 0) + n
+        labels = [total.network, total.token]
+        balance.add_metric(labels, total.balance_atomic)
+        unclaimed.add_metric(labels, total.unclaimed_atomic)
+        escrow.add_metric(labels, total.escrow_atomic)
+        if total.next_claim_at is not None:
+            next_claim.add_metric(labels, total.next_claim_at.timestamp())
+    for (network, state), n in sorted(by_state.items()):
+        channels.add_metric([network, state], n)
+    return [channels, balance, unclaimed, escrow, next_claim]
 
 
 class Observer:

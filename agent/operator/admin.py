@@ -13,7 +13,8 @@ its own script, style sheet and API.
 
 Routes (GET): /summary, /revenue, /revenue.csv, /payments, /payments.csv, /pending, /failures,
 /chain-fees, /chain-fees.csv (what paywire's transactions paid in fees, by day, network and kind,
-in USD where PAYWIRE_ETH_USD / PAYWIRE_SOL_USD set the token's price).
+in USD where PAYWIRE_ETH_USD / PAYWIRE_SOL_USD set the token's price), /channels (the batch-settlement
+channels: totals per network and token, and the channels with the most unclaimed first).
 Query parameters are checked (unknown, repeated, too long or malformed ones are a 400 naming the
 parameter), and the figures are the ones `paywire ledger revenue|payments` prints.
 """
@@ -49,6 +50,7 @@ from payments.accounting import (
 )
 from payments.accounting_csv import chain_fees_csv, payments_csv, revenue_csv
 from payments.chain_fees import FeePrices
+from payments.channel_report import MAX_LISTED, read_channels
 
 TOKEN_VARIABLE = "PAYWIRE_ADMIN_TOKEN"
 MIN_TOKEN_LENGTH = 32  # agent/settings.py refuses a shorter one at startup
@@ -190,9 +192,10 @@ def _watched(line: PaymentLine, now: datetime) -> dict[str, Any]:
 
 # -- the routes ------------------------------------------------------------------------------------
 
-def admin_routes(accounting: Accounting, extra_routes: Sequence[BaseRoute] = ()) -> list[BaseRoute]:
-    """The API's routes (relative to /admin), then `extra_routes` (the operator's controls):
-    `admin_mount` puts all of them behind the token."""
+def admin_routes(accounting: Accounting, engine: AsyncEngine,
+                 extra_routes: Sequence[BaseRoute] = ()) -> list[BaseRoute]:
+    """The API's routes (relative to /admin) on the ledger's database (`engine`), then
+    `extra_routes` (the operator's controls): `admin_mount` puts all of them behind the token."""
 
     async def summary(request: Request) -> Response:
         params = _params(request, ("days",))
@@ -262,9 +265,15 @@ def admin_routes(accounting: Accounting, extra_routes: Sequence[BaseRoute] = ())
                             "Content-Disposition":
                                 f'attachment; filename="{_csv_name("chain-fees", params, period)}"'})
 
+    async def channels(request: Request) -> Response:
+        params = _params(request, ("limit",))
+        report = await read_channels(engine, limit=_whole(params, "limit", 50, 0, MAX_LISTED))
+        return JSONResponse(report.as_dict())
+
     api = {"/summary": summary, "/revenue": revenue, "/revenue.csv": revenue_file,
            "/payments": payments, "/payments.csv": payments_file, "/pending": pending,
-           "/failures": failures, "/chain-fees": chain_fees, "/chain-fees.csv": chain_fees_file}
+           "/failures": failures, "/chain-fees": chain_fees, "/chain-fees.csv": chain_fees_file,
+           "/channels": channels}
     return [*(Route(path, _checked(handler), methods=["GET"]) for path, handler in api.items()),
             *extra_routes]
 
@@ -288,6 +297,6 @@ def admin_mount(token: str, engine: AsyncEngine, extra_routes: Sequence[BaseRout
     """`/admin`: the page's static shell, and the API (with `extra_routes`) behind the token.
     Any other path under /admin needs the token too (then 404). `prices`: the native tokens'
     USD prices, for the chain fees."""
-    guarded = Mount("", routes=admin_routes(Accounting(engine, prices), extra_routes),
+    guarded = Mount("", routes=admin_routes(Accounting(engine, prices), engine, extra_routes),
                     middleware=[Middleware(BearerGate, token=token)])
     return Mount("/admin", routes=[*page_routes(), guarded])

@@ -61,6 +61,11 @@ function fees(figures) {
   return usd(figures.chain_fees_usd) + unpriced.join("");
 }
 
+// A long hex id as its head and tail (`0x1234…abcd`); the cell's title keeps the whole of it.
+function short(id) {
+  return id && id.length > 14 ? id.slice(0, 6) + "…" + id.slice(-4) : id || "-";
+}
+
 function when(iso) {
   return iso ? iso.replace("T", " ").replace(/\.\d+/, "").replace("Z", "") : "-";
 }
@@ -72,7 +77,7 @@ function age(seconds) {
   return (seconds / 3600).toFixed(1) + " h";
 }
 
-// columns: [heading, (row) => text, className?]
+// columns: [heading, (row) => text, className?, (row) => title?]
 function table(node, columns, rows, empty) {
   node.replaceChildren();
   const head = el("tr");
@@ -88,10 +93,11 @@ function table(node, columns, rows, empty) {
   }
   for (const row of rows) {
     const line = el("tr", null, row.stuck ? "stuck" : "");
-    for (const [, value, className] of columns) {
+    for (const [, value, className, title] of columns) {
       const cell = el("td", value(row), className);
       // a clipped cell (a Solana signature, a network id) keeps its whole value in its title
       if (className && className.split(" ").includes("clip")) cell.title = cell.textContent;
+      if (title) cell.title = title(row);  // a shortened value: the whole of it
       line.append(cell);
     }
     body.append(line);
@@ -179,7 +185,38 @@ function chart(report) {
   $("chart").replaceChildren(root);
 }
 
-function render(summary, byDay, bySkill, payments, failures, pending) {
+// The channels: totals per network and token, then the channels with the most unclaimed. The
+// next claim of a channel with nothing unclaimed, or held for the operator (quarantined), is none.
+function channels(report) {
+  const states = (counts) => Object.entries(counts).filter(([, n]) => n)
+    .map(([state, n]) => n + " " + state).join(", ");
+  const since = (iso) => (iso ? age((Date.now() - Date.parse(iso)) / 1000) + " ago" : "-");
+  table($("channel-totals"), [
+    ["network", (r) => r.network, "clip"],
+    ["token", (r) => short(r.token), "mono", (r) => r.token],
+    ["channels", (r) => states(r.by_state), "wrap"],
+    ["balance", (r) => usd(r.balance_usd), "num"],
+    ["charged", (r) => usd(r.charged_usd), "num"],
+    ["claimed", (r) => usd(r.claimed_usd), "num"],
+    ["unclaimed", (r) => usd(r.unclaimed_usd), "num"],
+    ["escrow", (r) => usd(r.escrow_usd), "num"],
+    ["next claim (UTC)", (r) => when(r.next_claim_at)],
+    ["oldest read", (r) => since(r.oldest_sync_at)],
+  ], report.totals, "no channel yet");
+  const due = (r) => (r.unclaimed_atomic > 0 && r.state !== "quarantined" ? when(r.claim_due_at) : "-");
+  table($("channels"), [
+    ["channel", (r) => short(r.channel_id), "mono", (r) => r.channel_id],
+    ["payer", (r) => r.payer, "mono clip"],
+    ["state", (r) => r.state],
+    ["balance", (r) => usd(r.balance_usd), "num"],
+    ["charged", (r) => usd(r.charged_usd), "num"],
+    ["claimed", (r) => usd(r.claimed_usd), "num"],
+    ["unclaimed", (r) => usd(r.unclaimed_usd), "num"],
+    ["next claim (UTC)", due],
+  ], report.channels.map((r) => ({ ...r, stuck: r.state === "quarantined" })), "no channel yet");
+}
+
+function render(summary, byDay, bySkill, payments, failures, pending, channelReport) {
   cards(summary);
   chart(byDay);
   table($("margin"), [
@@ -232,6 +269,7 @@ function render(summary, byDay, bySkill, payments, failures, pending) {
     ["transaction", (r) => r.tx_hash || "unknown", "mono clip"],
     ["reason", (r) => r.error || "-", "wrap"],
   ], pending.pending, "nothing waits to settle");
+  channels(channelReport);
 }
 
 // -- loading -----------------------------------------------------------------------------------
@@ -249,6 +287,7 @@ async function load() {
       api("payments?limit=20"),
       api("failures?limit=20"),
       api("pending?limit=50"),
+      api("channels?limit=20"),
     ]);
     render(...parts);
     show("board");
