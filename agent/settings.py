@@ -365,6 +365,25 @@ class Settings(_FromEnvironment):
         "PAYWIRE_CHANNEL_MIN_DEPOSIT_USD", Decimal("0.25"), "the smallest deposit that opens or "
         "tops up a channel (USD)", accepts="a USD amount above 0, such as 0.25", gt=0, le=1000,
         allow_inf_nan=False)
+    channel_claim_interval_seconds: float = _seconds(
+        "PAYWIRE_CHANNEL_CLAIM_INTERVAL_SECONDS", 300.0, "the longest a channel's charges wait "
+        "for a claim on chain")
+    channel_claim_threshold_usd: Decimal = _var(
+        "PAYWIRE_CHANNEL_CLAIM_THRESHOLD_USD", Decimal("1.00"), "a channel whose unclaimed charges "
+        "reach this is claimed at once (USD)", accepts="a USD amount above 0, such as 1.00", gt=0,
+        le=1_000_000, allow_inf_nan=False)
+    channel_poll_seconds: float = _seconds(
+        "PAYWIRE_CHANNEL_POLL_SECONDS", 30.0, "how often one replica reads the channels on chain "
+        "and claims those due")
+    channel_sync_seconds: float = _seconds(
+        "PAYWIRE_CHANNEL_SYNC_SECONDS", 120.0, "how old paywire's read of a channel may be for a "
+        "voucher to be checked against it (older: read again before the call)")
+    channel_max_claims_per_batch: int = _whole(
+        "PAYWIRE_CHANNEL_MAX_CLAIMS_PER_BATCH", 100, "channels claimed in one transaction",
+        least=1, most=500)
+    channel_settle_interval_seconds: float = _seconds(
+        "PAYWIRE_CHANNEL_SETTLE_INTERVAL_SECONDS", 300.0, "the longest claimed funds wait to be "
+        "moved to the pay-to address (the sweep)")
 
     # --- chain fees: what paywire's transactions paid, read from the chain (payments/chain_fees.py)
     chain_fees_interval_seconds: float = _seconds(
@@ -705,11 +724,23 @@ class Settings(_FromEnvironment):
         return problems
 
     def _channel_problems(self) -> list[str]:
-        """A channel authorizer key that cannot sign (its value is never repeated)."""
+        """A channel authorizer key that cannot sign (its value is never repeated); claims that
+        could not land before a payer's withdrawal does (x402 #3464: a withdrawal seen is claimed
+        at once; the claimer must see it well inside the delay)."""
         if not self.channels_on:
             return []
-        return _key_problems(self.secret("channel_authorizer_key"),
-                             "PAYWIRE_CHANNEL_AUTHORIZER_KEY", evm=True)
+        problems = _key_problems(self.secret("channel_authorizer_key"),
+                                 "PAYWIRE_CHANNEL_AUTHORIZER_KEY", evm=True)
+        seen_within = (self.channel_poll_seconds + self.channel_sync_seconds
+                       + self.settlement_receipt_timeout_seconds)
+        if seen_within >= self.channel_withdraw_delay_seconds / 4:
+            problems.append(
+                f"PAYWIRE_CHANNEL_POLL_SECONDS + PAYWIRE_CHANNEL_SYNC_SECONDS + "
+                f"PAYWIRE_SETTLEMENT_RECEIPT_TIMEOUT_SECONDS ({seen_within:.0f} s) must stay under "
+                f"a quarter of PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS "
+                f"({self.channel_withdraw_delay_seconds} s): a payer's withdrawal must be seen and "
+                "claimed against long before it can complete")
+        return problems
 
     def _refund_problems(self) -> list[str]:
         """The refund key is the Solana pay-to wallet's, and refunds have a node to go through."""

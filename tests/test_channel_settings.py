@@ -46,3 +46,14 @@ def test_a_key_that_cannot_sign_stops_startup_without_repeating_it() -> None:
     with pytest.raises(ConfigError, match="PAYWIRE_CHANNEL_AUTHORIZER_KEY") as raised:
         Settings.from_env({**PRODUCTION, "PAYWIRE_CHANNEL_AUTHORIZER_KEY": bad})
     assert bad not in str(raised.value)
+
+
+def test_claims_must_be_seen_well_inside_the_withdrawal_delay() -> None:
+    key = {"PAYWIRE_CHANNEL_AUTHORIZER_KEY": "0x" + "ab" * 32}
+    fine = Settings.from_env({**PRODUCTION, **key, "PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS": "900"})
+    assert fine.channel_poll_seconds == 30 and fine.channel_sync_seconds == 120
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({**PRODUCTION, **key, "PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS": "900",
+                           "PAYWIRE_CHANNEL_SYNC_SECONDS": "200"})
+    assert "PAYWIRE_CHANNEL_SYNC_SECONDS" in str(refused.value)
+    assert "a quarter of PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS (900 s)" in str(refused.value)
