@@ -442,7 +442,10 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         pending_retry_seconds=settings.pending_retry_seconds)
     chain_rpcs = chain_rpcs_for(settings, devnet)
     refund_policy, refunders = refund_batchers(settings, devnet, ledger, chain_rpcs, policy.owner)
-    channel_store = ChannelStore(ledger) if settings.channels_on else None
+    channel_store = ChannelStore(
+        ledger, claim_threshold_atomic=usd_to_atomic(settings.channel_claim_threshold_usd),
+        claim_interval_seconds=settings.channel_claim_interval_seconds,
+    ) if settings.channels_on else None
     reconciler = Reconciler(ledger, chain_asker(chain_rpcs.get), policy,
                             interval_seconds=settings.reconcile_interval_seconds,
                             channels=ChannelResolutions(channel_store, chain_rpcs.get)
@@ -459,7 +462,8 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       payer_mistakes=PayerMistakes(chain_rpcs.get, faucet_url=(
                           f"{settings.base_url}/devnet/faucet" if devnet is not None else None)),
                       refunds=refund_policy,  # what an exact Solana call's receipt says is owed
-                      channels=ChannelServices(channel_store, chain_rpcs.get)
+                      channels=ChannelServices(channel_store, chain_rpcs.get,
+                                               sync_seconds=settings.channel_sync_seconds)
                       if channel_store is not None else None)
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
