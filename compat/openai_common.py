@@ -248,7 +248,11 @@ def model_skill(gateway: Gateway, body: dict[str, Any], operation: str) -> Any:
     return skill
 
 
-async def sse(chunks: Any) -> AsyncIterator[bytes]:
+async def sse(chunks: Any, outcome: Delivered | None = None) -> AsyncIterator[bytes]:
+    """The chunks as SSE events. A stream charged at its end (`upto`, a channel voucher) had no
+    receipt when its headers went out: its receipt follows the last chunk as an SSE comment
+    (`: PAYMENT-RESPONSE <base64>`), which every SSE parser skips and an x402 client may read."""
+    late = outcome is not None and outcome.receipt is None
     try:
         async for chunk in chunks:
             yield b"data: " + json_bytes(chunk) + b"\n\n"
@@ -260,6 +264,9 @@ async def sse(chunks: Any) -> AsyncIterator[bytes]:
         # A client that went away cancels this generator: close the chain down to the upstream
         # request now (not whenever the garbage collector gets to it).
         await chunks.aclose()
+    if late and outcome is not None and outcome.receipt is not None:
+        [encoded, *_] = receipt_headers(outcome.receipt).values()
+        yield b": PAYMENT-RESPONSE " + encoded.encode() + b"\n\n"
     yield DONE
 
 
@@ -273,7 +280,7 @@ def respond(outcome: Outcome) -> Response:
             headers |= receipt_headers(outcome.receipt)
         # X-Accel-Buffering: a reverse proxy that buffers answers (nginx's default) passes this
         # one on event by event (deploy/nginx/paywire.conf turns buffering off anyway).
-        return EventStream(sse(outcome.stream), outcome=outcome,
+        return EventStream(sse(outcome.stream, outcome), outcome=outcome,
                            headers=headers | {"X-Accel-Buffering": "no"})
     response = render(outcome, payment_help=True)  # a 402 says how to pay where OpenAI's clients look
     response.headers.update(retry)

@@ -240,14 +240,20 @@ def test_a_voucher_stream_is_charged_its_usage_at_its_end(gateway: LiveServer, r
         async with x402HttpxClient(payer.client, timeout=60) as http, http.stream(
                 "POST", f"{gateway.url}{CHAT}", json={**BODY, "stream": True}) as answer:
             assert answer.status_code == 200
-            return [line async for line in answer.aiter_lines() if line.startswith("data: ")]
+            assert "PAYMENT-RESPONSE" not in answer.headers  # (not known before the stream ran)
+            return [line async for line in answer.aiter_lines() if line]
 
-    events = asyncio.run(stream())
+    lines = asyncio.run(stream())
+    events = [line for line in lines if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
+    # its receipt follows its last chunk, as an SSE comment every SSE parser skips
+    [late] = [line for line in lines if line.startswith(": PAYMENT-RESPONSE ")]
+    late_receipt = json.loads(decode_base64_any(late.removeprefix(": PAYMENT-RESPONSE ")))
     rows = sorted(channel_rows(gateway, payer.account.address), key=lambda r: r["created_at"])
     streamed = rows[-1]
     assert streamed["state"] == "settled" and streamed["usage"]["completion_tokens"] == 40
     charge = streamed["charged_atomic"]
+    assert late_receipt["extra"]["chargedAmount"] == str(charge)
     assert 0 < charge < int(quote(gateway, {**BODY, "stream": True}).accepts[0].amount)
     # the stream's headers went out before its charge was known: the client's next call is
     # resynced through the corrective 402 and charged on top of the stream's charge
