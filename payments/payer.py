@@ -9,6 +9,10 @@ answer is read as a stream, up to a size; one phase (the quote, then the payment
 
 On EVM it prefers `upto` (charged what the call used) when the quote offers it and the payer can
 pay it: its Permit2 allowance, read from the chain, or the quote's EIP-2612 permit; else `exact`.
+Given a deposit cap (`ChannelOptions`), it pays through an x402 `batch-settlement` channel when the
+quote offers one on the chosen network: a deposit once, then a voucher per call, each charged what
+it used (payments/payer_channels.py); a deposit that does not fit the cap is never signed, and the
+call is paid without a channel.
 
 It never pays twice for one call: when the server offers the `payment-identifier` extension the
 payment names the call with a fresh id, and when the answer says the payment is still being
@@ -23,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -59,8 +64,21 @@ from .client_limits import (
     retry_delay,
 )
 from .codec import REQUIRED_HEADER, decode_json_header, encode_json_b64
-from .money import atomic_to_usd, display_usd
+from .money import atomic_to_usd, display_usd, usd_to_atomic
 from .networks import KNOWN_NETWORKS, lookup_network
+from .payer_channels import (
+    CHANNEL_BUSY,
+    SCHEME,
+    ChannelError,
+    ChannelPayer,
+    DepositGuard,
+    DepositRefused,
+    EscrowCap,
+    channel_state,
+    charged_atomic,
+    needs_resync,
+    post_empty,
+)
 from .permit2 import PUBLIC_RPC, ChainUnread, approve_permit2, permit2_allowance
 
 _EVM_KEY = re.compile(r"^(0x)?[0-9a-fA-F]{64}$")
@@ -117,7 +135,29 @@ class PayResult:
     network: str | None
     headers: dict[str, str]
     scheme: str | None = None
-    charged_usd: Decimal | None = None  # what the receipt says moved
+    charged_usd: Decimal | None = None  # what the receipt says moved (a channel's: what it charged)
+    deposit_usd: Decimal | None = None  # a channel's first call (or top-up): what it deposited
+    channel: dict[str, Any] = field(default_factory=dict)  # a channel's state, as the receipt says
+
+
+@dataclass(frozen=True)
+class ChannelOptions:
+    """Paying through `batch-settlement` channels: the most one channel may hold unspent (USD,
+    deposits less what was charged), and the folder of the channels' records."""
+
+    deposit_usd: Decimal
+    directory: Path
+
+
+@dataclass(frozen=True)
+class Refunded:
+    """A channel's cooperative refund: what went back to the payer, in which transaction."""
+
+    amount_atomic: int
+    amount_usd: Decimal | None
+    transaction: str
+    network: str
+    channel: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -200,9 +240,11 @@ async def pay(
     scheme: Scheme = "auto",  # auto: `upto` on EVM when offered and payable, else `exact`
     evm_rpc_url: str | None = None,  # the node an EVM payment reads the chain with
     approve: bool = False,  # without a Permit2 approval for `upto`: send one (the payer's gas)
+    channels: ChannelOptions | None = None,  # with `scheme` auto: a channel when one is offered
 ) -> PayResult:
     """Request `url`, pay its x402 quote if it asks for one, and return the paid answer."""
     base_headers = {"Content-Type": "application/json", **(headers or {}), **NO_COMPRESSION}
+    tell = notice or (lambda _: None)
     async with httpx.AsyncClient(timeout=timeout, transport=transport) as http:
         try:
             async with asyncio.timeout(timeout):
@@ -212,19 +254,167 @@ async def pay(
         if first.status != 402:
             return _result(first, None)
         required = parse_402(first)
+        request = _Request(http, method, url, data, base_headers, timeout, limits, tell)
+        through = channel_option(required, keys, network, scheme, evm_rpc_url, tell) if channels else None
+        if through is not None and channels is not None:
+            option, node = through
+            price = _price_agreed(url, option, max_usd, confirm)
+            channel = ChannelPayer(str(keys.evm_key), node, channels.directory)
+            try:
+                answer, payload = await pay_by_channel(
+                    request, channel, required, option, EscrowCap(atomic_of(channels.deposit_usd, option)))
+                return _result(answer, price, option, payload)
+            except DepositRefused as exc:
+                tell(f"{exc}; paying without a channel (raise --deposit to pay through one)")
+            except ChannelError as exc:
+                raise PayError(f"{exc}; nothing was paid") from None
+            except (ValueError, KeyError, TypeError) as exc:  # the SDK's refusal of the option
+                raise PayError(f"the channel option on {str(option.network)[:80]} cannot be signed: "
+                               f"{' '.join(str(exc).split())[:200]}") from None
         chosen, why = await payable_scheme(required, choose_option(required, keys, network, scheme),
                                            keys, evm_rpc_url, scheme, notice if approve else None)
         price = _price_agreed(url, chosen, max_usd, confirm)
         for note in (why, validity_note(chosen, limits.max_validity_seconds)):
-            if note and notice is not None:
-                notice(note)
+            if note:
+                tell(note)
         payload = await sign_payment(required, chosen, keys, solana_rpc_url, limits.max_validity_seconds,
                                      evm_rpc_url)
+        second = await request.send(payload)
+        return _result(second, price, chosen)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The paid request as the caller asked it, sent with a payment by `send`."""
+
+    http: httpx.AsyncClient
+    method: str
+    url: str
+    data: bytes | None
+    headers: dict[str, str]
+    timeout: float
+    limits: ClientLimits
+    notice: Callable[[str], None]
+
+    async def send(self, payload: PaymentPayload | PaymentPayloadV1) -> Answer:
         header = "PAYMENT-SIGNATURE" if payload.x402_version == 2 else "X-PAYMENT"
         encoded = encode_json_b64(payload.model_dump(by_alias=True, exclude_none=True))
-        second = await _until_settled(http, method, url, data, {**base_headers, header: encoded},
-                                      timeout, limits, notice)
-        return _result(second, price, chosen)
+        return await _until_settled(self.http, self.method, self.url, self.data,
+                                    {**self.headers, header: encoded}, self.timeout, self.limits,
+                                    self.notice)
+
+
+def channel_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys, network: str | None,
+                   scheme: Scheme, evm_rpc_url: str | None,
+                   notice: Callable[[str], None]) -> tuple[Any, str] | None:
+    """For a user who set a deposit cap: the quote's channel option and the EVM node its client
+    reads the chain with, when the user lets the client choose (`scheme` auto), the quote offers
+    a channel on the chosen network and its node is known; else None."""
+    if scheme != "auto" or not keys.evm_key or not isinstance(required, PaymentRequired):
+        return None  # (channels are x402 v2 only)
+    try:
+        option = choose_option(required, keys, network, scheme, channels=True)
+    except PayError:
+        return None
+    if option.scheme != SCHEME:
+        return None
+    node = evm_node(str(option.network), evm_rpc_url)
+    if node is None:
+        notice(f"the server offers a channel on {option.network}, but no EVM node is known to read "
+               "it (--evm-rpc names one); paying without a channel")
+        return None
+    return option, node
+
+
+def atomic_of(usd: Decimal, option: Any) -> int:
+    """A USD amount in the atomic units of the option's USDC (PayError for another asset)."""
+    for net in KNOWN_NETWORKS:
+        if net.usdc.lower() == str(option.asset).lower() and str(option.network) in (net.caip2, net.v1_name):
+            return usd_to_atomic(usd, net.decimals)
+    raise PayError(f"the option's asset {str(option.asset)[:80]} on {str(option.network)[:80]} is not "
+                   "USDC: this client cannot value it")
+
+
+async def pay_by_channel(request: _Request, channel: ChannelPayer, required: PaymentRequired,
+                         option: Any, guard: DepositGuard) -> tuple[Answer, PaymentPayload]:
+    """The call paid through the option's channel (a deposit first, or a voucher), holding the
+    channel's lock until its record took the receipt. A corrective 402 resyncs the record and the
+    call is signed and sent once more. DepositRefused: nothing was signed."""
+    bounded = option.model_copy(update={
+        "max_timeout_seconds": signed_validity(option, request.limits.max_validity_seconds)})
+    extensions = identified_extensions(required)  # one id for the call, kept by its second signature
+    channel_id = channel.channel_id(option)
+    async with channel.locked(channel_id):
+        for attempt in (1, 2):
+            await asyncio.to_thread(channel.prepare, option)
+            signed = await asyncio.to_thread(channel.sign, required, bounded, extensions, guard)
+            payload = signed.model_copy(update={"accepted": option})
+            answer = await request.send(payload)
+            corrective = _corrective(answer)
+            if corrective is not None and attempt == 1 and await asyncio.to_thread(
+                    channel.resync, payload, option, corrective):
+                request.notice("the server's running total of the channel differed from this "
+                               "client's record: resynced from it, and signed again")
+                continue
+            problem = await asyncio.to_thread(channel.settled, payload, option,
+                                              receipt_from(answer.headers))
+            if problem:
+                request.notice(problem)
+            return answer, payload
+    raise AssertionError("unreachable: the second attempt returns")
+
+
+def identified_extensions(required: PaymentRequired | PaymentRequiredV1) -> dict[str, Any] | None:
+    """The quote's extensions with a fresh payment identifier naming the call, when it offers
+    the `payment-identifier` extension."""
+    if isinstance(required, PaymentRequired) and required.extensions:
+        return append_payment_identifier_to_extensions(dict(required.extensions))
+    return None
+
+
+def _corrective(answer: Answer) -> PaymentRequired | None:
+    """The answer's corrective 402 (no receipt: the server's running total differs), if it is one."""
+    if answer.status != 402 or receipt_from(answer.headers) is not None:
+        return None
+    try:
+        required = parse_402(answer)
+    except PayError:
+        return None
+    return required if needs_resync(required) else None
+
+
+async def refund(url: str, *, keys: PayerKeys, directory: Path, evm_rpc_url: str | None = None,
+                 timeout: float = 120.0) -> Refunded:
+    """The cooperative refund of the payer's channel with the server at `url` (any of its paid
+    routes): what the channel holds above what its calls were charged goes back to the payer."""
+    if not keys.evm_key:
+        raise PayError("a channel refund needs an EVM payer key (PAYWIRE_PAYER_KEY)")
+    fetch = post_empty(timeout)
+    probe = await asyncio.to_thread(fetch, url, {})
+    option = _channel_offer(probe.header(REQUIRED_HEADER), url)
+    node = evm_node(str(option.network), evm_rpc_url)
+    if node is None:
+        raise PayError(f"no EVM node is known for {option.network}: --evm-rpc names one")
+    channel = ChannelPayer(keys.evm_key, node, directory)
+    try:
+        done = await asyncio.to_thread(channel.refund, url, fetch)
+    except ChannelError as exc:
+        raise PayError(f"the refund was not made: {exc}") from None
+    amount = int(done.amount) if (done.amount or "").isdigit() else 0
+    return Refunded(amount, usd_value(str(amount), str(option.asset), str(option.network)),
+                    done.transaction, str(option.network), channel_state(done))
+
+
+def _channel_offer(header: str | None, url: str) -> Any:
+    try:
+        required = PaymentRequired.model_validate(decode_json_header(header or "", REQUIRED_HEADER))
+    except ValueError:
+        raise PayError(f"{url} did not answer an empty POST with an x402 quote; no channel to "
+                       "refund there") from None
+    offered = next((r for r in required.accepts if r.scheme == SCHEME), None)
+    if offered is None:
+        raise PayError(f"{url} offers no channel (`{SCHEME}`): nothing to refund there")
+    return offered
 
 
 def _price_agreed(url: str, chosen: Any, max_usd: Decimal,
@@ -278,9 +468,7 @@ async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: An
     # The SDK signs for the option it is given: one whose validity is ours to bound.
     bounded = chosen.model_copy(update={"max_timeout_seconds": signed_validity(chosen, max_validity)})
     only_chosen = required.model_copy(update={"accepts": [bounded]})
-    extensions = None
-    if isinstance(required, PaymentRequired) and required.extensions:
-        extensions = append_payment_identifier_to_extensions(dict(required.extensions))
+    extensions = identified_extensions(required)
     try:
         if extensions is not None:
             payload = await client.create_payment_payload(only_chosen, extensions=extensions)
@@ -338,7 +526,8 @@ def _close_rpc_clients(schemes: list[Any]) -> None:
                 session.close()
 
 
-# Answers that mean "this payment's call is not finished yet: send the same payment again".
+# Answers that mean "this payment's call is not finished yet: send the same payment again" (and a
+# channel's busy 402: `_channel_busy`).
 _NOT_YET = {(503, "settlement_pending"), (409, "payment_in_progress")}
 
 
@@ -353,8 +542,9 @@ async def _fetch(http: httpx.AsyncClient, method: str, url: str, data: bytes | N
 async def _until_settled(http: httpx.AsyncClient, method: str, url: str, data: bytes | None,
                          headers: dict[str, str], timeout: float, limits: ClientLimits,
                          notice: Callable[[str], None] | None) -> Answer:
-    """Send the paid request; while the server says the payment is still settling (or the
-    connection broke after the payment left), send the identical request again: at most
+    """Send the paid request; while the server says the payment is still settling, or its
+    channel is busy with another call (or the connection broke after the payment left), send the
+    identical request again: at most
     `limits.sends` times in all, `retry_delay` apart, within `timeout`."""
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -368,7 +558,7 @@ async def _until_settled(http: httpx.AsyncClient, method: str, url: str, data: b
         except (httpx.HTTPError, AnswerTooLarge, TimeoutError) as exc:
             raise NoAnswer(_unsettled(url, _failure(exc, timeout), send, loop.time() - started)) from None
         else:
-            if (answer.status, _error_code(answer)) not in _NOT_YET:
+            if (answer.status, _error_code(answer)) not in _NOT_YET and not _channel_busy(answer):
                 return answer
             retry_after = answer.headers.get("Retry-After")
         wait = retry_delay(retry_after, send, limits)
@@ -397,6 +587,23 @@ def _failure(exc: BaseException, timeout: float) -> str:
     return f"{type(exc).__name__}: {str(exc)[:200] or 'no answer'}"
 
 
+def _channel_busy(answer: Answer) -> bool:
+    """A 402 saying another call of the payment's channel holds it (the server takes one call
+    per channel at a time): the same payment goes again once that call has ended."""
+    if answer.status != 402:
+        return False
+    try:
+        body = answer.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("reason") == CHANNEL_BUSY:
+        return True
+    try:
+        return getattr(parse_402(answer), "error", None) == CHANNEL_BUSY
+    except PayError:
+        return False
+
+
 def _error_code(answer: Answer) -> str | None:
     try:
         error = answer.json().get("error")
@@ -406,16 +613,19 @@ def _error_code(answer: Answer) -> str | None:
 
 
 def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys,
-                  network: str | None, scheme: Scheme = "exact") -> Any:
+                  network: str | None, scheme: Scheme = "exact", *, channels: bool = False) -> Any:
     """The option of a quote to pay: on the first network offered that the keys can pay (on
-    `network` when one is named: "evm", "solana", or a network id), its `upto` option when
-    `scheme` allows one (auto, upto: EVM only), else its `exact` one. PayError naming what was
-    offered when there is none."""
-    wanted = ("upto",) if scheme == "upto" else ("exact",) if scheme == "exact" else ("upto", "exact")
+    `network` when one is named: "evm", "solana", or a network id), its channel
+    (`batch-settlement`) when `channels` and `scheme` auto allow one, else its `upto` option when
+    `scheme` allows one (auto, upto), else its `exact` one; channels and upto on EVM only.
+    PayError naming what was offered when there is none."""
+    wanted: tuple[str, ...] = (
+        ("upto",) if scheme == "upto" else ("exact",) if scheme == "exact"
+        else ((SCHEME,) if channels else ()) + ("upto", "exact"))
     usable = []
     for req in required.accepts:
         family = _family(str(req.network))
-        if req.scheme not in wanted or req.scheme == "upto" and family != "evm":
+        if req.scheme not in wanted or req.scheme != "exact" and family != "evm":
             continue
         if family == "evm" and keys.evm_key or family == "svm" and keys.solana_key:
             usable.append((family, req))
@@ -434,7 +644,7 @@ def choose_option(required: PaymentRequired | PaymentRequiredV1, keys: PayerKeys
                        f"requested network: {network or 'any'}, scheme: {scheme})")
     first = usable[0][1]
     same_network = [r for _, r in usable if r.network == first.network]
-    return next((r for r in same_network if r.scheme == wanted[0]), first)
+    return min(same_network, key=lambda r: wanted.index(r.scheme))
 
 
 def exact_beside(required: PaymentRequired | PaymentRequiredV1, upto: Any) -> Any | None:
@@ -511,9 +721,16 @@ def settled_atomic(receipt: SettleResponse | None, chosen: Any) -> int | None:
     return int(amount) if int(amount) <= int(chosen.get_amount()) else None
 
 
-def _result(answer: Answer, price: Decimal | None, chosen: Any = None) -> PayResult:
+def _result(answer: Answer, price: Decimal | None, chosen: Any = None,
+            payload: PaymentPayload | None = None) -> PayResult:
     receipt = receipt_from(answer.headers)
-    charged = settled_atomic(receipt, chosen) if chosen is not None else None
+    through_channel = chosen is not None and chosen.scheme == SCHEME
+    charged = (None if chosen is None else charged_atomic(receipt, chosen) if through_channel
+               else settled_atomic(receipt, chosen))
+    deposited = None  # (the payer's own deposit amount, once the receipt says it moved)
+    deposit = payload.payload.get("deposit") if through_channel and payload is not None else None
+    if isinstance(deposit, dict) and receipt is not None and receipt.success and receipt.transaction:
+        deposited = usd_value(str(deposit.get("amount", "")), chosen.asset, str(chosen.network))
     return PayResult(
         status=answer.status,
         body=answer.body,
@@ -524,4 +741,6 @@ def _result(answer: Answer, price: Decimal | None, chosen: Any = None) -> PayRes
         headers=dict(answer.headers),
         scheme=str(chosen.scheme) if chosen is not None else None,
         charged_usd=None if charged is None else usd_value(str(charged), chosen.asset, str(chosen.network)),
+        deposit_usd=deposited,
+        channel=channel_state(receipt) if through_channel else {},
     )

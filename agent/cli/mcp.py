@@ -7,7 +7,9 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import textwrap
+from decimal import Decimal
 
 from agent.cli.common import CONFIG_ERROR, Commands, config_error, refuse
 from agent.cli.paying import (
@@ -21,6 +23,7 @@ from agent.cli.paying import (
 from agent.settings import ConfigError, PayerSettings
 
 COMMAND = "paywire mcp"
+DEPOSIT_VARIABLE = "PAYWIRE_MCP_MAX_DEPOSIT"  # --max-deposit's (read here: PayerSettings lacks it)
 
 # The options of `paywire mcp` that stand for a variable (checked as the variable is).
 _OPTION_VARIABLES = {"server": "PAYWIRE_MCP_SERVER_URL", "network": "PAYWIRE_MCP_NETWORK",
@@ -37,8 +40,11 @@ def register(commands: Commands) -> None:
             "server), paid from your key when the remote asks (x402's MCP transport). A payment "
             "over --max-per-call, or past --max-per-day (UTC days; every payment not proven unspent "
             "counts), is refused before anything is signed, and the tool call answers an error "
-            "saying which cap and how to raise it. Every payment is recorded in the spend ledger "
-            "(--spent prints it). Logs go to stderr, never the key, a payment or tool arguments.",
+            "saying which cap and how to raise it. With --max-deposit it pays through an x402 "
+            "channel when the remote offers one: a deposit once (escrow, within that cap), then a "
+            "voucher per call, charged what it used (--refund gets the rest back). Every payment is "
+            "recorded in the spend ledger (--spent prints it). Logs go to stderr, never the key, a "
+            "payment or tool arguments.",
             width=100)),
         epilog=payer_help("mcp"), formatter_class=argparse.RawDescriptionHelpFormatter)
     mcpp.add_argument("--server", metavar="URL",
@@ -56,9 +62,17 @@ def register(commands: Commands) -> None:
     mcpp.add_argument("--ledger", metavar="PATH",
                       help="the spend ledger, a SQLite file (default: PAYWIRE_MCP_LEDGER, else "
                       "mcp-spend.db in PAYWIRE_DATA_DIR)")
+    mcpp.add_argument("--max-deposit", metavar="USD",
+                      help="pay through x402 batch-settlement channels when the remote offers one "
+                      "(EVM, --scheme auto): the most all channels may hold in escrow, deposits less "
+                      "charges; a deposit past it is never signed (default: "
+                      f"{DEPOSIT_VARIABLE}, else no channel)")
     add_payment_options(mcpp)
     mcpp.add_argument("--spent", action="store_true",
                       help="print today's total and the latest payments from the ledger, and exit")
+    mcpp.add_argument("--refund", action="store_true",
+                      help="refund the channels paid through at --server (what they hold above their "
+                      "charges comes back), print what came back, and exit")
     mcpp.add_argument("--limit", type=int, default=20, metavar="N",
                       help="with --spent: at most N payments, newest first (default: %(default)s)")
     mcpp.add_argument("--json", action="store_true", help="with --spent: print one JSON document")
@@ -88,8 +102,30 @@ def _settings(args: argparse.Namespace) -> PayerSettings:
         raise ConfigError.of(problems) from None
 
 
+def _max_deposit(args: argparse.Namespace) -> Decimal | None:
+    """--max-deposit, else PAYWIRE_MCP_MAX_DEPOSIT: a USD cap, or None (no channel)."""
+    from payments.spend_caps import CapError, parse_cap
+
+    given, name = args.max_deposit, f"--max-deposit ({DEPOSIT_VARIABLE})"
+    if given is None:
+        given, name = os.environ.get(DEPOSIT_VARIABLE, "").strip() or None, DEPOSIT_VARIABLE
+    if given is None:
+        return None
+    try:
+        return parse_cap(given)
+    except CapError as exc:
+        raise refuse(COMMAND, f"configuration error: {name} {exc}", CONFIG_ERROR) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from agent.mcp.proxy import Caps, ProxyConfig, ProxyError, configure_logging, serve_stdio
+    from agent.mcp.proxy import (
+        Caps,
+        ProxyConfig,
+        ProxyError,
+        configure_logging,
+        refund_channels,
+        serve_stdio,
+    )
     from payments.client_limits import ClientLimits
     from payments.payer import PayError
 
@@ -97,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
         settings = _settings(args)
     except ConfigError as exc:
         return config_error(exc, COMMAND)
+    max_deposit = _max_deposit(args)
     if args.spent:
-        return _print_spent(settings, args)
+        return _print_spent(settings, args, max_deposit)
     limits = ClientLimits(max_validity_seconds=checked_validity(args, COMMAND))
     if not settings.mcp_server_url:
         raise refuse(COMMAND, "no server: pass --server URL (the remote MCP endpoint, e.g. "
@@ -112,8 +149,14 @@ def run(args: argparse.Namespace) -> int:
         server_url=settings.mcp_server_url, keys=keys, network=settings.mcp_network,
         caps=Caps(per_call=settings.mcp_max_per_call, per_day=settings.mcp_max_per_day),
         ledger_path=settings.mcp_ledger_path, solana_rpc_url=solana_rpc, limits=limits,
-        scheme=args.scheme, evm_rpc_url=evm_rpc(args, settings.mcp_server_url))
+        scheme=args.scheme, evm_rpc_url=evm_rpc(args, settings.mcp_server_url),
+        max_deposit=max_deposit, channel_dir=settings.data_dir / "channels")
     try:
+        if args.refund:
+            outcomes = asyncio.run(refund_channels(config))
+            for done, what in outcomes:
+                print(what if done else f"{COMMAND}: {what}", file=sys.stdout if done else sys.stderr)
+            return 0 if all(done for done, _ in outcomes) else 1
         asyncio.run(serve_stdio(config))
     except ProxyError as exc:
         raise refuse(COMMAND, str(exc), 1) from None
@@ -122,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_spent(settings: PayerSettings, args: argparse.Namespace) -> int:
-    """Today's total against the daily cap, then the latest payments (exact decimals)."""
+def _print_spent(settings: PayerSettings, args: argparse.Namespace, max_deposit: Decimal | None) -> int:
+    """Today's total against the daily cap, the escrow held in channels, then the latest payments
+    (exact decimals)."""
     from payments.money import display_usd, usd_text
     from payments.spend_caps import SpendLedger, micros_usd
 
@@ -135,18 +179,38 @@ def _print_spent(settings: PayerSettings, args: argparse.Namespace) -> int:
                      "PAYWIRE_MCP_LEDGER names another)", 1)
     ledger = SpendLedger(path)
     day, spent = ledger.spent_today()
+    held = ledger.escrow()
     rows = ledger.recent(args.limit)
     if args.json:
         print(json.dumps({"day": day, "spent_usd": usd_text(micros_usd(spent)),
                           "max_per_day_usd": usd_text(settings.mcp_max_per_day),
                           "max_per_call_usd": usd_text(settings.mcp_max_per_call),
+                          "escrow_usd": usd_text(micros_usd(held)),
+                          "max_deposit_usd": usd_text(max_deposit) if max_deposit is not None else None,
                           "payments": [row.as_json() for row in rows]}, indent=2))
         return 0
     print(f"today (UTC {day}): {display_usd(micros_usd(spent))} counted of "
           f"{display_usd(settings.mcp_max_per_day)} a day; at most "
           f"{display_usd(settings.mcp_max_per_call)} a call; ledger {path}")
-    print(f"{'time (UTC)':<27}  {'status':<8}  {'USD':>10}  {'network':<41}  tool  (server)  transaction")
+    cap = f" of {display_usd(max_deposit)} (--max-deposit)" if max_deposit is not None else ""
+    print(f"in channels' escrow (deposits less charges and refunds: yours until charged): "
+          f"{display_usd(micros_usd(held))}{cap}")
+    print(f"{'time (UTC)':<27}  {'status':<8}  {'USD':>10}  {'network':<41}  tool  (server)  "
+          "transaction  (what it was)")
     for row in rows:
         print(f"{row.created_at:<27}  {row.status:<8}  {usd_text(row.usd):>10}  {row.network:<41}  "
-              f"{row.tool}  ({row.server})  {row.tx_hash or '-'}")
+              f"{row.tool}  ({row.server})  {row.tx_hash or '-'}{_what(row)}")
     return 0
+
+
+def _what(row: object) -> str:
+    """A row's kind, its channel and its charge, where there is more to say than its amount."""
+    from payments.money import usd_text
+
+    kind, channel, charged = (getattr(row, name) for name in ("kind", "channel_id", "charged_usd"))
+    charge = f", charged {usd_text(charged)}" if charged is not None else ""
+    if kind == "voucher":
+        return f"  (a voucher of channel {channel}: its ceiling's rise{charge})"
+    if kind in ("deposit", "refund"):
+        return f"  (a {kind}: {'into' if kind == 'deposit' else 'from'} channel {channel}, escrow)"
+    return f"  (charged {usd_text(charged)})" if charged is not None else ""

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import textwrap
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from agent.cli.common import Commands, config_error, refuse
+from agent.cli.common import CONFIG_ERROR, Commands, config_error, refuse
 from agent.cli.paying import (
     add_payment_options,
     checked_validity,
@@ -22,6 +23,7 @@ from agent.cli.paying import (
 from agent.settings import ConfigError, PayerSettings
 
 COMMAND = "paywire pay"
+DEPOSIT_VARIABLE = "PAYWIRE_PAY_DEPOSIT"  # --deposit's variable (read here: PayerSettings lacks it)
 
 
 def register(commands: Commands) -> None:
@@ -32,7 +34,9 @@ def register(commands: Commands) -> None:
             "pay, check the price against --max, sign the payment and call again; print the answer "
             "and the settlement receipt. A payment the server is still settling is sent again, "
             "never signed twice. On EVM it pays with `upto` when offered (charged what the call "
-            "used, once the payer approved Permit2: --approve-permit2), else `exact`. Exit code 0 "
+            "used, once the payer approved Permit2: --approve-permit2), else `exact`; with "
+            "--deposit, through a channel when offered (a deposit once, then a voucher per call, "
+            "charged what it used; --refund gets the rest back). Exit code 0 "
             "on a 2xx answer, 1 on another, 2 when it refused to "
             "pay (a bad option, no usable key, a price above --max).", width=100)),
         epilog=payer_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,6 +55,14 @@ def register(commands: Commands) -> None:
                       help="if the payer has not approved Permit2 for the quote's USDC (needed by "
                       "upto), send that approval first: one transaction, its gas paid with the "
                       "payer's ETH (the devnet faucet gives none)")
+    payp.add_argument("--deposit", metavar="USD",
+                      help="pay through an x402 batch-settlement channel when the server offers one "
+                      "(EVM, --scheme auto): the most the channel may hold unspent, deposits less "
+                      f"charges; a deposit that does not fit is never signed (default: "
+                      f"{DEPOSIT_VARIABLE}, else no channel)")
+    payp.add_argument("--refund", action="store_true",
+                      help="instead of a call: ask the server at URL (any paid route) to refund the "
+                      "payer's channel, and print what came back and its transaction")
     payp.add_argument("--json", action="store_true",
                       help="print one JSON document (status, result, receipt, paid_usd)")
     payp.set_defaults(func=run)
@@ -58,7 +70,7 @@ def register(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from payments.client_limits import ClientLimits
-    from payments.payer import PayError, pay
+    from payments.payer import ChannelOptions, PayError, pay, refund
 
     try:
         max_usd = Decimal(args.max.removeprefix("$"))
@@ -69,19 +81,41 @@ def run(args: argparse.Namespace) -> int:
         payer = PayerSettings.from_env()
     except ConfigError as exc:
         return config_error(exc, COMMAND)
+    deposit = _deposit_cap(args)
+    directory = payer.data_dir / "channels"
     try:
         keys, solana_rpc = payer_keys(payer, args.solana_rpc, args.url)
+        if args.refund:
+            _print_refund(asyncio.run(refund(args.url, keys=keys, directory=directory,
+                                             evm_rpc_url=evm_rpc(args, args.url))), as_json=args.json)
+            return 0
         data = args.data.encode() if args.data is not None else None
         result = asyncio.run(pay(
             args.url, keys=keys, method=args.method, data=data, headers=_headers(args.header),
             network=args.network, max_usd=max_usd, confirm=lambda q: _confirm(args, q),
             solana_rpc_url=solana_rpc, limits=limits, scheme=args.scheme,
             evm_rpc_url=evm_rpc(args, args.url), approve=args.approve_permit2,
+            channels=ChannelOptions(deposit, directory) if deposit is not None else None,
             notice=lambda text: print(f"{COMMAND}: note: {text}", file=sys.stderr, flush=True)))
     except PayError as exc:
         raise stop_on(exc, COMMAND) from None
     _print(result, as_json=args.json)
     return 0 if 200 <= result.status < 300 else 1
+
+
+def _deposit_cap(args: argparse.Namespace) -> Decimal | None:
+    """--deposit, else PAYWIRE_PAY_DEPOSIT: a USD cap, or None (no channel)."""
+    from payments.spend_caps import CapError, parse_cap
+
+    given, name = args.deposit, "--deposit"
+    if given is None:
+        given, name = os.environ.get(DEPOSIT_VARIABLE, "").strip() or None, DEPOSIT_VARIABLE
+    if given is None:
+        return None
+    try:
+        return parse_cap(given)
+    except CapError as exc:
+        raise refuse(COMMAND, f"configuration error: {name} {exc}", CONFIG_ERROR) from None
 
 
 def _headers(given: list[str] | None) -> dict[str, str]:
@@ -121,28 +155,60 @@ def _print(result: Any, *, as_json: bool) -> None:
             "paid_usd": usd_text(result.paid_usd) if result.paid_usd is not None else None,
             "scheme": result.scheme,
             "charged_usd": usd_text(result.charged_usd) if result.charged_usd is not None else None,
+            **({"deposit_usd": usd_text(result.deposit_usd) if result.deposit_usd is not None else None,
+                "channel": result.channel} if result.scheme == "batch-settlement" else {}),
         }, indent=2))
         return
     print(f"HTTP {result.status}")
     print(body_text)
-    if receipt is not None:
-        print("receipt:")
-        print(f"  success      {receipt.success}")
-        print(f"  transaction  {receipt.transaction}")
-        print(f"  network      {receipt.network}")
-        print(f"  payer        {receipt.payer}")
-        print(f"  scheme       {result.scheme}")
-        print(f"  amount       {receipt.amount or '?'} atomic units{_charged(result)}")
-        if receipt.error_reason:
-            print(f"  error        {receipt.error_reason}")
+    if receipt is None:
+        return
+    channel = result.scheme == "batch-settlement"
+    print("receipt:")
+    print(f"  success      {receipt.success}")
+    no_tx = "none (a voucher: nothing on chain)" if channel else ""
+    print(f"  transaction  {receipt.transaction or no_tx}")
+    print(f"  network      {receipt.network}")
+    print(f"  payer        {receipt.payer}")
+    print(f"  scheme       {result.scheme}")
+    charged = (receipt.extra or {}).get("chargedAmount") if channel else None
+    print(f"  amount       {(charged if channel else receipt.amount) or '?'} atomic units{_charged(result)}")
+    if result.deposit_usd is not None:
+        print(f"  deposit      {receipt.amount} atomic units ({_usd(result.deposit_usd)}), "
+              f"transaction {receipt.transaction}")
+    if result.channel:
+        state = result.channel
+        print(f"  channel      {state.get('channelId')}: running total "
+              f"{state.get('chargedCumulativeAmount')} of {state.get('balance')} deposited")
+    if receipt.error_reason:
+        print(f"  error        {receipt.error_reason}")
+
+
+def _usd(amount: Decimal) -> str:
+    from payments.money import display_usd
+
+    return display_usd(amount)
 
 
 def _charged(result: Any) -> str:
-    """What the amount was in USD: with `upto`, what was charged of the most it could be."""
-    from payments.money import display_usd
-
+    """What the amount was in USD: with `upto` or a channel, what was charged of the most it
+    could be."""
     if result.paid_usd is None:
         return ""
-    if result.scheme == "upto" and result.charged_usd is not None:
-        return f" (charged {display_usd(result.charged_usd)} of at most {display_usd(result.paid_usd)})"
-    return f" ({display_usd(result.paid_usd)})"
+    if result.scheme in ("upto", "batch-settlement") and result.charged_usd is not None:
+        return f" (charged {_usd(result.charged_usd)} of at most {_usd(result.paid_usd)})"
+    return f" ({_usd(result.paid_usd)})"
+
+
+def _print_refund(done: Any, *, as_json: bool) -> None:
+    from payments.money import usd_text
+
+    if as_json:
+        print(json.dumps({"refunded_atomic": str(done.amount_atomic),
+                          "refunded_usd": usd_text(done.amount_usd) if done.amount_usd is not None else None,
+                          "transaction": done.transaction, "network": done.network,
+                          "channel": done.channel}, indent=2))
+        return
+    usd = f" ({_usd(done.amount_usd)})" if done.amount_usd is not None else ""
+    print(f"refunded {done.amount_atomic} atomic units{usd} from channel "
+          f"{done.channel.get('channelId', '?')} on {done.network}, transaction {done.transaction}")
