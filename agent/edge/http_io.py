@@ -242,6 +242,8 @@ def render(outcome: Outcome, *, error_wrapper: dict[str, Any] | None = None,
     if isinstance(outcome, PaymentDemanded):
         headers[REQUIRED_HEADER] = encode_payment_required(outcome.required)
         headers["Cache-Control"] = "no-store"
+        if outcome.retry_after is not None:
+            headers["Retry-After"] = str(outcome.retry_after)
         if outcome.receipt is not None:
             headers |= receipt_headers(outcome.receipt)
         body = v1_body(outcome.required_v1)

@@ -100,6 +100,7 @@ class PaymentDemanded(Outcome):
     reason: str | None = None
     message: str | None = None
     receipt: SettleResponse | None = None
+    retry_after: int | None = None  # seconds; when the same payment may be sent again (channel_busy)
 
     @property
     def retry_safe(self) -> bool:

@@ -42,6 +42,11 @@ class Demand:
         )
 
 
+    def coded(self) -> Demand:
+        """This quote, its `error` the reason code (a channel's refusals: what clients act on)."""
+        return Demand(self._t, self._processor, self.requirements, self.resource, self._described,
+                      code_as_error=True)
+
     def corrected(self, requirement: PaymentRequirements) -> Demand:
         """This quote with `requirement` in place of the offered one of its scheme and network (a
         channel's corrective 402 carries the channel's state in its requirement, and its reason

@@ -15,6 +15,7 @@ its receipt is in the ledger, and the client resyncs on its next call)."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
@@ -137,7 +138,10 @@ class ChannelSettlement(OnchainSettlement):
                 paid.matched.requirement, channel_id=channel.channel_id, onchain=channel.onchain,
                 charged=channel.charged, signed_max=channel.signed_max, signature=channel.signature)
             return paid.demand.corrected(corrected)(refusal.reason, refusal.message)
-        return paid.demand(refusal.reason, refusal.message)
+        demanded = paid.demand.coded()(refusal.reason, refusal.message)
+        if refusal.retry_after is not None:  # channel_busy: when the call holding it ends
+            demanded.retry_after = max(1, math.ceil(refusal.retry_after))
+        return demanded
 
     async def release(self, row_id: str, reason: str, **kwargs: Any) -> bool:
         s = self.services
