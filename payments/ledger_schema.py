@@ -21,6 +21,10 @@ paywire_turns          named turns replicas take by lease (one replica runs a re
 paywire_channels       x402 batch-settlement channels (payments/channels/): the config as signed,
                        what delivered calls were charged (the running total), the latest voucher,
                        the chain's mirror, and the reservation that lets one call at a time use it
+paywire_claims         the channel claimer's transactions (payments/channels/claimer.py): one claim of
+                       many channels' vouchers, or one sweep of what was claimed to the receiver,
+                       written as an intent before it is broadcast, with its outcome
+paywire_claim_rows     which channels a claim covers, and up to what running total each
 paywire_chain_fees     one row per on-chain transaction paywire's payments cause (settlements,
                        Solana refunds, channel deposits, claims, sweeps, cooperative refunds): its
                        fee, read from the chain after the fact by payments/chain_fees.py
@@ -398,4 +402,67 @@ chain_fees_table = Table(
     Column("observed_at", DateTime(timezone=True)),
     Index("ix_chain_fees_due", "state", "next_try_at"),
     Index("ix_chain_fees_at", "at"),  # reports by period
+)
+
+
+class ClaimKind(enum.StrEnum):
+    """What a paywire_claims transaction does (payments/channels/claimer.py)."""
+
+    CLAIM = "claim"  # claimWithSignature: channels' vouchers claimed (accounting, no token moves)
+    SETTLE = "settle"  # settle(receiver, token): what was claimed goes to the receiver (the sweep)
+
+
+class ClaimState(enum.StrEnum):
+    """Where a claim or sweep is (payments/channels/claimer.py).
+
+    settling  the intent is written: it may be broadcast from now on (a crash here: resolved
+              from the chain once its lease runs out)
+    pending   broadcast, its outcome not known: the claimer asks the chain
+    settled   the chain has it (every row's totalClaimed reached its claim_to; a sweep landed)
+    released  nothing moved (the facilitator refused it, or the chain shows it did not land):
+              its channels are claimed again by a later one
+    """
+
+    SETTLING = "settling"
+    PENDING = "pending"
+    SETTLED = "settled"
+    RELEASED = "released"
+
+
+OPEN_CLAIMS = (ClaimState.SETTLING, ClaimState.PENDING)
+
+claims_table = Table(
+    "paywire_claims",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("network", String(64), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    # Which replica's claimer works on it, and until when (an open one past its lease, or
+    # pending, is resolved from the chain by whichever claimer takes it).
+    Column("owner", String(64)),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("tx_hash", String(130)),
+    # A claim: what it moves into the receiver's claimed total (the rows' claim_to less the
+    # chain's totalClaimed read before it); a sweep: what it transfers to the receiver.
+    Column("amount_atomic", BigInteger, nullable=False),
+    Column("error", Text),  # why it did not move (or not yet), for the operator
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_claims_open", "state", "lease_until"),
+    Index("ix_claims_kind", "network", "kind", "created_at"),  # the last sweep of a network
+)
+
+claim_rows_table = Table(
+    "paywire_claim_rows",
+    metadata,
+    Column("claim_id", String(36), ForeignKey("paywire_claims.id", name="fk_claim_row_claim"),
+           primary_key=True),
+    Column("channel_id", String(66),
+           ForeignKey("paywire_channels.channel_id", name="fk_claim_row_channel"), primary_key=True),
+    # The channel's running total when the intent was written (what the claim sets its
+    # totalClaimed to), and the ceiling of the voucher it was claimed with.
+    Column("claim_to_atomic", BigInteger, nullable=False),
+    Column("voucher_max_atomic", BigInteger, nullable=False),
+    Index("ix_claim_rows_channel", "channel_id"),  # whether a channel is in an open claim
 )
