@@ -35,6 +35,7 @@ from agent.version import VERSION
 from compat import marketplace, openai_api
 from payments.chain_fees import ChainFeeMeter
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
+from payments.channels.claimer import ChannelClaimer, ClaimPolicy
 from payments.channels.reconciling import ChannelResolutions
 from payments.channels.requirements import ChannelTerms
 from payments.channels.store import ChannelStore
@@ -86,6 +87,7 @@ class Runtime:
     metrics: Metrics | None = None  # GET /metrics (None: PAYWIRE_METRICS is off)
     refunds: RefundPolicy | None = None  # Solana refunds: the receipt's note (`refund_note`)
     fee_meter: ChainFeeMeter | None = None  # the chain fees' meter (its background task's)
+    claimer: ChannelClaimer | None = None  # channels' claims and sweeps (None: channels off)
 
 
 class ServerTimingTotal:
@@ -411,6 +413,24 @@ def chain_fee_meter(settings: Settings, ledger: Ledger, chain_rpcs: Mapping[str,
                          retry_seconds=settings.chain_fees_interval_seconds)
 
 
+def channel_claimer(settings: Settings, store: ChannelStore | None, processor: PaymentProcessor,
+                    chain_rpcs: Mapping[str, JsonRpc], owner: str) -> ChannelClaimer | None:
+    """The claimer of the channels' charges when channels are on: it signs with paywire's
+    receiver-authorizer key, sends through the facilitator, reads the chains itself."""
+    authorizer = processor.channel_authorizer
+    if store is None or authorizer is None:
+        return None
+    return ChannelClaimer(store, send=processor.settle_channel, authorizer=authorizer,
+                          rpc_for=chain_rpcs.get, owner=owner, traced=processor.traces_broadcasts,
+                          policy=ClaimPolicy(
+                              poll_seconds=settings.channel_poll_seconds,
+                              sync_seconds=settings.channel_sync_seconds,
+                              max_claims=settings.channel_max_claims_per_batch,
+                              settle_interval_seconds=settings.channel_settle_interval_seconds,
+                              claim_threshold_atomic=store.claim_threshold_atomic,
+                              claim_interval_seconds=store.claim_interval_seconds))
+
+
 def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
     """The ASGI app. On devnet settings, pass the Devnet (the CLI builds it before the banner)."""
     if settings.devnet and devnet is None:
@@ -465,10 +485,13 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       channels=ChannelServices(channel_store, chain_rpcs.get,
                                                sync_seconds=settings.channel_sync_seconds)
                       if channel_store is not None else None)
+    claimer = channel_claimer(settings, channel_store, processor, chain_rpcs, policy.owner)
+    if claimer is not None and gateway.services.channels is not None:
+        gateway.services.channels.wake_claimer = claimer.wake  # a commit made a channel due
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
-                      metrics, refund_policy, fee_meter)
+                      metrics, refund_policy, fee_meter, claimer)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
@@ -505,7 +528,9 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       # Solana refunds: open ones finished, a batch per period (one replica)
                       *(asyncio.create_task(r.run_forever()) for r in refunders),
                       asyncio.create_task(fee_meter.run_forever()),
-                      asyncio.create_task(controls.run_forever())]
+                      asyncio.create_task(controls.run_forever()),
+                      # channels' claims and sweeps (one replica a turn)
+                      *([asyncio.create_task(claimer.run_forever())] if claimer is not None else [])]
         async with mcp.running():  # the MCP SDK's task group: each /mcp request's server runs in it
             yield
         for task in [*background, *([asking] if asking is not None else [])]:

@@ -21,6 +21,8 @@ POINTS = frozenset({
     "after_settle",  # the facilitator said settled, before the ledger knows
     "refund_after_intent",  # a refund's signed transfer is recorded, not broadcast
     "refund_after_broadcast",  # the node took the refund's transfer, before it is confirmed
+    "claim_after_intent",  # a channel claim's intent is committed, nothing broadcast
+    "claim_after_broadcast",  # the facilitator answered a channel claim, before the ledger knows
 })
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -265,10 +266,37 @@ def test_a_voucher_stream_is_charged_its_usage_at_its_end(gateway: LiveServer, r
         rows[0]["charged_atomic"] + charge + int(extra["chargedAmount"]))
 
 
+@pytest.fixture(scope="module")
+def claiming(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream
+             ) -> Iterator[tuple[LiveServer, str]]:
+    """A gateway whose claimer claims a channel once $0.01 is unclaimed on it (the default is
+    $1.00), and its devnet's RPC."""
+    server = start_server(Path(tmp_path_factory.mktemp("claiming")), env={
+        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai",
+        "PAYWIRE_CHANNEL_CLAIM_THRESHOLD_USD": "0.01", "PAYWIRE_CHANNEL_POLL_SECONDS": "1"})
+    with JsonRpcHttpServer(server.devnet.evm.rpc) as rpc:
+        yield server, rpc.url
+    server.stop()
+
+
+def until(check: Any, what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
-        gateway: LiveServer, rpc_url: str, upstream: OpenAIUpstream) -> None:
+        claiming: tuple[LiveServer, str], upstream: OpenAIUpstream) -> None:
     """The issue's test: one deposit, then vouchers over every face from one SDK client; the
-    payer's balance moves once; the running total is the sum of the delivered calls' charges."""
+    payer's balance moves once (the deposit); the running total is the sum of the delivered
+    calls' charges; the claimer claims it and sweeps it to the merchant, who then holds exactly
+    that sum; the payer's refund returns the rest."""
+    gateway, rpc_url = claiming
+    merchant_before = gateway.devnet.merchant_balances().evm
     payer = Payer(gateway, rpc_url)
     upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 2}
     start = payer.balance()
@@ -329,7 +357,17 @@ def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
         base += charge
     last = receipts[-1]["extra"]["channelState"]
     assert int(last["chargedCumulativeAmount"]) == base == sum(c for _, c in charges)
-    assert int(last["balance"]) == deposit  # nothing claimed yet: all of it is in escrow
+    assert int(last["balance"]) == deposit  # claims take nothing from escrow but the charges
+    # the claimer (woken by the charges past its threshold) claims them all and sweeps them
+    channel_id = receipts[0]["extra"]["channelState"]["channelId"]
+    until(lambda: onchain(gateway, channel_id)[1] == base, "the claim of every charge")
+    until(lambda: gateway.devnet.merchant_balances().evm - merchant_before == base,
+          "the sweep to the merchant")
+    assert gateway.devnet.merchant_balances().evm - merchant_before == base  # exactly the charges
+    assert payer.balance() == start - deposit  # a claim moves none of the payer's own funds
+    refunded = payer.scheme.refund(f"{gateway.url}{CHAT}", RefundOptions(fetch=post_fetch))
+    assert refunded.success and int(refunded.amount) == deposit - base
+    assert payer.balance() == start - base  # the payer paid exactly what its calls were charged
 
 
 def post_fetch(url: str, headers: dict[str, str]) -> _RefundResponse:

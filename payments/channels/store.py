@@ -233,6 +233,14 @@ class ChannelStore:
     def ledger(self) -> Ledger:
         return self._ledger
 
+    @property
+    def claim_threshold_atomic(self) -> int:
+        return self._threshold
+
+    @property
+    def claim_interval_seconds(self) -> float:
+        return self._interval.total_seconds()
+
     # -- reading -------------------------------------------------------------------------------
 
     async def get(self, channel_id: str) -> Channel | None:
@@ -292,6 +300,12 @@ class ChannelStore:
         now, channel_id = _now(), channel_id.lower()
         withdrawing = onchain.withdraw_requested_at > 0
         closing = case((_C.state == ChannelState.OPEN, ChannelState.CLOSING), else_=_C.state)
+        # nothing left to charge or claim, and no withdrawal pending (one finalized, or a channel
+        # spent to its deposit): closed, until a deposit opens it again
+        emptied = case((and_(_C.state.in_((ChannelState.OPEN, ChannelState.CLOSING)),
+                             _C.charged_atomic <= onchain.total_claimed,
+                             onchain.balance <= onchain.total_claimed,
+                             _C.pending_row.is_(None)), ChannelState.CLOSED), else_=_C.state)
         async with self._ledger.writing() as conn:
             before = (await conn.execute(select(_C.charged_atomic).where(
                 _C.channel_id == channel_id))).scalar()
@@ -300,7 +314,7 @@ class ChannelStore:
                 .values(**_mirror_columns(onchain, synced_at or now), updated_at=now,
                         charged_atomic=case((_C.charged_atomic < onchain.total_claimed,
                                              onchain.total_claimed), else_=_C.charged_atomic),
-                        state=closing if withdrawing else _C.state,
+                        state=closing if withdrawing else emptied,
                         claim_due_at=now if withdrawing else _C.claim_due_at)
                 .returning(*channels_table.c))).mappings().first()
         if before is not None and onchain.total_claimed > before:
