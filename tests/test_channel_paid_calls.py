@@ -269,11 +269,12 @@ def test_a_voucher_stream_is_charged_its_usage_at_its_end(gateway: LiveServer, r
 @pytest.fixture(scope="module")
 def claiming(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream
              ) -> Iterator[tuple[LiveServer, str]]:
-    """A gateway whose claimer claims a channel once $0.01 is unclaimed on it (the default is
-    $1.00), and its devnet's RPC."""
+    """A gateway whose claimer claims a channel once $0.01 is unclaimed on it, or 2 s after its
+    first unclaimed charge (the defaults: $1.00, 300 s), and its devnet's RPC."""
     server = start_server(Path(tmp_path_factory.mktemp("claiming")), env={
         "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai",
-        "PAYWIRE_CHANNEL_CLAIM_THRESHOLD_USD": "0.01", "PAYWIRE_CHANNEL_POLL_SECONDS": "1"})
+        "PAYWIRE_CHANNEL_CLAIM_THRESHOLD_USD": "0.01", "PAYWIRE_CHANNEL_CLAIM_INTERVAL_SECONDS": "2",
+        "PAYWIRE_CHANNEL_POLL_SECONDS": "1"})
     with JsonRpcHttpServer(server.devnet.evm.rpc) as rpc:
         yield server, rpc.url
     server.stop()
@@ -358,7 +359,8 @@ def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
     last = receipts[-1]["extra"]["channelState"]
     assert int(last["chargedCumulativeAmount"]) == base == sum(c for _, c in charges)
     assert int(last["balance"]) == deposit  # claims take nothing from escrow but the charges
-    # the claimer (woken by the charges past its threshold) claims them all and sweeps them
+    # the claimer claims them all (past its threshold, then the rest after its interval) and
+    # sweeps them to the merchant
     channel_id = receipts[0]["extra"]["channelState"]["channelId"]
     until(lambda: onchain(gateway, channel_id)[1] == base, "the claim of every charge")
     until(lambda: gateway.devnet.merchant_balances().evm - merchant_before == base,
