@@ -443,6 +443,24 @@ class Deployment:
         reader = self._ledger()
         return reader.run(reader.ledger.events(row_id))
 
+    def select(self, statement: Any) -> list[dict[str, Any]]:
+        """The rows of a query on the ledger's database (any of its tables), as dicts."""
+        reader = self._ledger()
+
+        async def read() -> list[dict[str, Any]]:
+            async with reader.ledger.reading() as conn:
+                return [dict(row) for row in (await conn.execute(statement)).mappings().all()]
+        return reader.run(read())
+
+    def write(self, statement: Any) -> int:
+        """Run one write on the ledger's database, in its own transaction: the rows it changed."""
+        reader = self._ledger()
+
+        async def run() -> int:
+            async with reader.ledger.writing() as conn:
+                return int((await conn.execute(statement)).rowcount)
+        return reader.run(run())
+
     def _ledger(self) -> LedgerReader:
         if self._reader is None:
             self._reader = LedgerReader(self.db_url)
@@ -629,9 +647,11 @@ class Client:
         self.deadline_seconds, self.request_timeout = deadline_seconds, request_timeout
 
     def start(self, payments: list[Payment], *, concurrency: int = 8,
-              first: int | None = None) -> ClientRun:
+              first: int | None = None, together: threading.Barrier | None = None) -> ClientRun:
         """Pay in the background, `concurrency` at a time; the first attempt of each goes to
-        replica `first` (default: spread over the replicas by payment index)."""
+        replica `first` (default: spread over the replicas by payment index). `together`: each
+        payment's first attempt waits on this barrier (other clients' sends wait on it too), so
+        requests sent by several clients reach the gateways at the same moment."""
         changed = threading.Condition()
         run = ClientRun(payments, changed, time.monotonic() + self.deadline_seconds)
         local = threading.local()
@@ -651,6 +671,8 @@ class Client:
 
         def pay(payment: Payment) -> None:
             replica = (payment.index if first is None else first) % len(self.urls)
+            if together is not None:
+                together.wait(self.deadline_seconds)
             while True:
                 if run.stop.is_set() or time.monotonic() > run.deadline:
                     record(payment, Answer(replica, None, "client_deadline"), final=True)
