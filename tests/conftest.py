@@ -16,6 +16,16 @@ from tests.support.postgres import PostgresServer, start_postgres, stop_postgres
 pytest_plugins = ["tests.support.model_env", "tests.support.parallel"]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collector tuned as `paywire serve` tunes it once its startup ran (agent/serving.py):
+    what collection imported (~300k objects) is frozen, young objects are collected less often.
+    The live servers run in this process: unfrozen, every full collection walked those objects,
+    stalling their loops (four HTTP-heavy files: 3.2 s of collections, 1.9 s tuned)."""
+    from agent.serving import tune_garbage_collector
+
+    tune_garbage_collector()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The figures tests reported (tests/support/reports.py), only when asked for: the default
     output stays dots and the summary; the figures are in test-artifacts/ either way."""

@@ -29,27 +29,38 @@ from mcp.client.stdio import stdio_client
 from agent.cli.main import main
 from payments.devnet.evm import EvmDevnet
 from payments.spend_caps import SpendLedger, usd_micros
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.served_process import ROOT
-from tests.test_upto_paid_calls import BODY, FUNDS, MODEL, approved_payer, quote, usage_price
+from tests.support.upto import (
+    BODY,
+    FUNDS,
+    MODEL,
+    Served,
+    approved_payer,
+    quote,
+    upto_gateway,
+    usage_price,
+)
 
 GAS = 10**17  # wei: the approve transaction's gas, from the devnet faucet (it gives no ETH to payers)
 USAGE = {"prompt_tokens": 13, "completion_tokens": 2}
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[OpenAIUpstream]:
-    with OpenAIUpstream("openai").start() as up:
-        yield up
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with upto_gateway(tmp_path_factory.mktemp("pay-upto")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("pay-upto")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield server
-    server.stop()
+def upstream(served: Served) -> OpenAIUpstream:
+    return served.upstream
+
+
+@pytest.fixture(scope="module")
+def gateway(served: Served) -> LiveServer:
+    return served.gateway
 
 
 @pytest.fixture(autouse=True)

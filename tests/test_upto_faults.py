@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -49,18 +48,21 @@ from tests.support.evm_anvil import AnvilNode, AnvilUsdc, anvil_missing, run_anv
 from tests.support.live_server import LedgerReader, LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream, reply_text
 from tests.support.postgres import PostgresServer
-from tests.test_a2a_chat import _chat_message
-from tests.test_upto_paid_calls import (
+from tests.support.upto import (
     FUNDS,
     MODEL,
+    Served,
     approved_payer,
     ledger_row,
     quote,
+    settled_row,
+    until,
+    upto_gateway,
     upto_payment,
     usage_price,
 )
+from tests.test_a2a_chat import _chat_message
 
-T = TypeVar("T")
 # ~150 prompt tokens: the counted input prices above the $0.0001 floor, so each output token
 # counted (10 atomic units of gpt-4o) shows in the charge.
 LONG = "Tell me about the weather in the mountains today please. " * 15
@@ -68,17 +70,19 @@ STREAM = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "stre
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[OpenAIUpstream]:
-    with OpenAIUpstream("openai").start() as up:
-        yield up
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with upto_gateway(tmp_path_factory.mktemp("upto-faults")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("upto-faults")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield server
-    server.stop()
+def upstream(served: Served) -> OpenAIUpstream:
+    return served.upstream
+
+
+@pytest.fixture(scope="module")
+def gateway(served: Served) -> LiveServer:
+    return served.gateway
 
 
 @pytest.fixture(autouse=True)
@@ -86,22 +90,6 @@ def fresh_upstream(upstream: OpenAIUpstream) -> Iterator[None]:
     upstream.reset()
     yield
     upstream.reset()
-
-
-def until(condition: Callable[[], T | None], what: str, timeout: float = 20) -> T:
-    """Poll `condition` until it gives something; AssertionError naming `what` past the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling the ledger with a deadline
-    return value
-
-
-def settled_row(gateway: LiveServer, payer: str) -> dict[str, Any] | None:
-    """The payer's row once settled with its stream's end recorded, else None."""
-    row = ledger_row(gateway, payer)
-    done = row["state"] == "settled" and (row["usage"] or {}).get("delivery")
-    return row if done else None
 
 
 def counted(row: dict[str, Any]) -> tuple[int, int]:

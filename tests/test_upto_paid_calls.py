@@ -16,100 +16,49 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
-from web3 import Web3
-from x402 import x402ClientSync
-from x402.mechanisms.evm.constants import PERMIT2_ADDRESS
-from x402.mechanisms.evm.signers import EthAccountSigner
-from x402.mechanisms.evm.upto import UptoEvmClientScheme
-from x402.schemas import PaymentRequired
 
 from payments.codec import decode_base64_any
-from payments.devnet.evm import EvmDevnet, load_artifact
-from payments.money import usd_to_atomic
-from skills.models.catalog import load_catalog
-from skills.models.token_quotes import MILLION, MIN_USD
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
-
-MODEL = "gpt-4o"
-BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one word."}]}
-FUNDS = 10_000_000  # 10 USDC
+from tests.support.upto import (
+    BODY,
+    FUNDS,
+    MODEL,
+    Served,
+    approved_payer,
+    ledger_row,
+    quote,
+    settled_row,
+    until,
+    upto_gateway,
+    upto_payment,
+    usage_price,
+)
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[OpenAIUpstream]:
-    with OpenAIUpstream("openai").start() as up:
-        yield up
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with upto_gateway(tmp_path_factory.mktemp("upto")) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("upto")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield server
-    server.stop()
+def upstream(served: Served) -> OpenAIUpstream:
+    return served.upstream
+
+
+@pytest.fixture(scope="module")
+def gateway(served: Served) -> LiveServer:
+    return served.gateway
 
 
 @pytest.fixture(autouse=True)
 def fresh_upstream(upstream: OpenAIUpstream) -> None:
     upstream.reset()
-
-
-def quote(gateway: LiveServer, path: str, body: dict[str, Any]) -> PaymentRequired:
-    answer = httpx.post(f"{gateway.url}{path}", json=body, timeout=30)
-    assert answer.status_code == 402, answer.text
-    return PaymentRequired.model_validate(json.loads(decode_base64_any(
-        answer.headers["PAYMENT-REQUIRED"])))
-
-
-def approved_payer(chain: EvmDevnet) -> LocalAccount:
-    """A payer holding FUNDS that approved Permit2 once (its gas funded), as a wallet would."""
-    payer = Account.create()
-    chain.mint(payer.address, FUNDS)
-    chain.fund_gas(payer.address, 10**17)
-    w3: Web3 = chain.w3
-    token = w3.eth.contract(address=EvmDevnet.USDC_ADDRESS,
-                            abi=load_artifact()["abi"])
-    base_fee = int(w3.eth.get_block("latest")["baseFeePerGas"])
-    tx = token.functions.approve(PERMIT2_ADDRESS, 2**256 - 1).build_transaction({
-        "from": payer.address, "nonce": w3.eth.get_transaction_count(payer.address, "pending"),
-        "chainId": EvmDevnet.CHAIN_ID, "maxFeePerGas": 2 * base_fee + 10**6,
-        "maxPriorityFeePerGas": 10**6})
-    receipt = w3.eth.wait_for_transaction_receipt(
-        w3.eth.send_raw_transaction(payer.sign_transaction(tx).raw_transaction))
-    assert receipt["status"] == 1
-    return payer
-
-
-def upto_payment(payer: LocalAccount, required: PaymentRequired) -> tuple[str, int]:
-    """The SDK's own upto client signs the quote's upto option: its header and the maximum."""
-    [option] = [o for o in required.accepts if o.scheme == "upto" and o.network == EVM_NET]
-    client = x402ClientSync()
-    client.set_spend_controls(False)
-    client.register("eip155:*", UptoEvmClientScheme(EthAccountSigner(payer)))
-    payload = client.create_payment_payload(required.model_copy(update={"accepts": [option]}))
-    return header(payload), int(option.amount)
-
-
-def usage_price(prompt: int, completion: int) -> int:
-    """What `prompt` + `completion` tokens of MODEL cost (atomic, rounded up), floor included."""
-    spec = load_catalog().models[MODEL]
-    in_price, out_price = spec.prices.token_prices(prompt)
-    usd = (prompt * in_price + completion * (out_price or 0)) / MILLION
-    return max(usd_to_atomic(usd), usd_to_atomic(MIN_USD))
-
-
-def ledger_row(gateway: LiveServer, payer: str) -> dict[str, Any]:
-    [row] = [r for r in gateway.ledger_rows(skill_id=MODEL) if r["payer"] == payer.lower()]
-    return row
 
 
 def test_a_call_priced_from_its_request_is_offered_upto_beside_exact(gateway: LiveServer) -> None:
@@ -159,7 +108,8 @@ def test_an_upto_stream_settles_its_usage_at_its_end(gateway: LiveServer,
     assert events[-1] == "data: [DONE]"
     charged = usage_price(13, 40)
     assert 0 < charged < maximum
-    row = ledger_row(gateway, payer.address)
+    # the stream's end record is written once its last event is sent: the caller may read first
+    row = until(lambda: settled_row(gateway, payer.address), "the stream's end recorded")
     assert (row["state"], row["charged_atomic"]) == ("settled", charged) and row["tx_hash"]
     assert chain.balance_of(payer.address) == FUNDS - charged
     assert row["usage"]["completion_tokens"] == 40  # the stream's usage, kept by the settlement

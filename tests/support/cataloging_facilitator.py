@@ -91,12 +91,18 @@ class CatalogingFacilitator:
                 status[0] = message["status"]
             elif message["type"] == "http.response.body":
                 answer.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # cataloged before the answer's end leaves: a seller that reads the catalog
+                    # once its settlement is answered finds its entry there
+                    self._note_if_settled(status[0], b"".join(answer), request)
             await send(message)
 
         await inner(scope, replay, keep)
+
+    def _note_if_settled(self, status: int, answer: bytes, request: bytes) -> None:
         try:
-            settled = status[0] == 200 and json.loads(b"".join(answer)).get("success") is True
+            settled = status == 200 and json.loads(answer).get("success") is True
         except ValueError:
             settled = False
         if settled:  # a seller is cataloged once one of its payments settled
-            catalog.note(json.loads(request))
+            self.state.catalog.note(json.loads(request))

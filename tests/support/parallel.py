@@ -27,25 +27,39 @@ import pytest
 # Folders whose test files are one work unit (they share session-scoped processes).
 SHARED_FOLDERS = ("tests/faults/",)
 
-# The slowest units, slowest first (`pytest --durations=0`, 2 cores): they are handed out first.
-# Any other unit follows in collection order. Only the order matters: a stale entry costs a
-# little wall time, never a failure.
+# The slowest units, slowest first (`pytest --durations=0`, one process, 2-core machine,
+# 2026-11-28): they are handed out first, so the run does not end on one worker with a long unit
+# while the other idles. Any other unit follows in collection order. Only the order matters: a
+# stale entry costs a little wall time, never a failure.
 SLOWEST_FIRST = (
-    "tests/faults/",  # ~190 s
-    "tests/test_facilitator_bounds.py",
+    "tests/faults/",  # ~180 s
+    "tests/test_pay_channels.py",  # ~50 s
     "tests/test_family_tokenizers.py",
-    "tests/test_startup.py",
-    "tests/test_mcp_proxy.py",
+    "tests/test_solana_refunds.py",
+    "tests/test_facilitator_bounds.py",
     "tests/test_cli.py",
-    "tests/test_edge_fuzz.py",
-    "tests/test_token_accuracy.py",
     "tests/test_catalogue_page.py",
-    "tests/test_paid_call.py",
-    "tests/test_facilitator_failover.py",
-    "tests/test_deploy_layout.py",
-    "tests/test_devnet_process.py",
-    "tests/test_devnet_extra.py",
+    "tests/test_openapi.py",
+    "tests/test_channel_claimer.py",
+    "tests/test_mcp_proxy.py",
+    "tests/test_startup.py",
+    "tests/test_edge_fuzz.py",
+    "tests/test_pending_resolution.py",
+    "tests/test_edge_hardening.py",
     "tests/test_devnet_evm.py",
+    "tests/test_doc_snippets.py",
+    "tests/test_deploy_layout.py",
+    "tests/test_a2a_privacy.py",
+    "tests/test_devnet_extra.py",
+    "tests/test_channel_paid_calls.py",
+    "tests/test_facilitator_failover.py",
+    "tests/test_devnet_process.py",
+    "tests/test_token_accuracy.py",
+    "tests/test_upto_faults.py",
+    "tests/test_observability.py",
+    "tests/test_readme_snippets.py",
+    "tests/test_migrations.py",
+    "tests/test_parallel.py",  # ~10 s
 )
 
 _worker_reports: dict[str, list[str]] = {}  # on the controller: what the workers reported

@@ -53,6 +53,7 @@ class Targets:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no delayed-ACK wait
     server: _Server
 
     def setup(self) -> None:
