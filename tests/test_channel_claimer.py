@@ -581,6 +581,47 @@ async def test_a_claim_broadcast_before_its_replica_died_is_settled_from_the_cha
     assert seller.usdc(seller.receiver) == sum(charged)
 
 
+@pytest.mark.parametrize("turn", ["held", "another replica's"])
+async def test_a_claim_whose_outcome_could_not_be_written_is_decided_at_the_next_pass_not_its_lease(
+        new_seller: Sellers, devnet: X402Chain, ledgers: list[Ledger],
+        monkeypatch: pytest.MonkeyPatch, turn: str) -> None:
+    """The database went between the claim's send and its outcome's write: the claim stays open,
+    its lease running. The claimer that sent it is alive and nothing of it works on the claim, so
+    its next pass (with the turn or not) decides it from the chain, without waiting 120 s."""
+    seller = new_seller(devnet, ledgers[0], threshold=1)
+    payers = [await seller.open() for _ in range(2)]
+    charged = [await seller.charge(p, 4_000 + i) for i, p in enumerate(payers)]
+    # (a turn of a millisecond: it has run out once the claim is sent)
+    claimer = seller.claimer(poll_seconds=0.001 if turn != "held" else 30.0)
+
+    async def database_gone(*args: Any, **kwargs: Any) -> bool:
+        raise OSError("the database is gone")
+    monkeypatch.setattr(claimer, "_settle_claim", database_gone)
+    with pytest.raises(OSError):
+        await claimer.run_once()
+    monkeypatch.undo()
+    assert await seller.total_claimed(*payers) == charged  # it landed; the ledger does not know
+    [open_claim] = await claims_of(ledgers[0])
+    assert open_claim["state"] == ClaimState.SETTLING
+    assert open_claim["lease_until"].replace(tzinfo=UTC) > datetime.now(UTC) + timedelta(seconds=60)
+
+    if turn != "held":  # another replica holds the turn: it leaves the claim to its lease
+        other = seller.claimer(store=seller.store_on(ledgers[1]), owner="replica-b")
+        passed = await other.run_once()
+        assert (passed.turn, passed.resolved, passed.claims) == (True, 0, 0)
+        assert [c["state"] for c in await claims_of(ledgers[0])] == [ClaimState.SETTLING]
+    tally = await claimer.run_once()
+
+    assert (tally.resolved, tally.claims) == (1, 0)  # decided from the chain, not sent again
+    assert seller.sent == ["claim", "settle"]  # (the sweep: by whichever replica passed first)
+    [claim] = await claims_of(ledgers[0])
+    assert (claim["state"], claim["lease_until"]) == (ClaimState.SETTLED, None)
+    assert [seller.claimed_events(p.channel_id) for p in payers] == [[c] for c in charged]
+    for payer, total in zip(payers, charged, strict=True):
+        channel = await seller.store.get(payer.channel_id)
+        assert channel is not None and channel.onchain.total_claimed == total
+
+
 # ---- two replicas ----
 
 

@@ -222,6 +222,10 @@ class ChannelClaimer:
         self._traced, self._clock = traced, clock
         self._wake = asyncio.Event()
         self._turn_until = 0.0  # (monotonic) while this replica holds the turn
+        # A pass failed (the database went mid-pass): a claim or sweep of ours may be open with
+        # no outcome written. Nothing else in this process works on it (one pass at a time), so
+        # the next pass resolves it from the chain, with or without the turn, not after its lease.
+        self._left_open = False
 
     # -- running -------------------------------------------------------------------------------
 
@@ -248,16 +252,25 @@ class ChannelClaimer:
         if time.monotonic() >= self._turn_until:
             if not await self._ledger.take_turn(TURN, owner=self._owner,
                                                 seconds=self._policy.poll_seconds):
-                return ClaimTally()
+                tally = ClaimTally()
+                if self._left_open:  # (another replica's turn: it would wait for the lease)
+                    await self._resolve_open(tally)
+                    self._left_open = False
+                return tally
             # (a margin under the turn's end: past it, another replica may take the turn)
             self._turn_until = time.monotonic() + 0.9 * self._policy.poll_seconds
-        return await self.run_pass()
+        try:
+            return await self.run_pass()
+        except BaseException:
+            self._left_open = True
+            raise
 
     async def run_pass(self) -> ClaimTally:
         """One pass without the turn (`run_once` takes it first). Safe beside another claimer's
         pass (a turn that ran out mid-pass): a channel is in one open claim at most."""
         tally = ClaimTally(turn=True)
         await self._resolve_open(tally)
+        self._left_open = False
         reads = await self._mirror(tally)
         for network, due in (await self._due()).items():
             await self._claim_network(network, due, reads.get(network, {}), tally)
@@ -620,13 +633,17 @@ class ChannelClaimer:
 
     # -- 1. open claims and sweeps left by a dead replica or an unknown outcome ----------------
 
+    def _takeable(self, now: datetime) -> Any:
+        """Open claims and sweeps nobody works on: their lease lapsed (a dead replica's), none
+        (pending), or this claimer's own (a failed pass left them: passes run one at a time)."""
+        return and_(_K.state.in_(OPEN_CLAIMS), or_(_K.lease_until.is_(None), _K.lease_until < now,
+                                                   _K.owner == self._owner))
+
     async def _resolve_open(self, tally: ClaimTally) -> None:
         now = self._clock()
         async with self._ledger.reading() as conn:
-            ids = list((await conn.execute(select(_K.id).where(and_(
-                _K.state.in_(OPEN_CLAIMS),
-                or_(_K.lease_until.is_(None), _K.lease_until < now)))
-                .order_by(_K.created_at))).scalars())
+            ids = list((await conn.execute(select(_K.id).where(self._takeable(now))
+                                           .order_by(_K.created_at))).scalars())
         for claim_id in ids:
             taken = await self._take(claim_id)
             if taken is None:
@@ -651,9 +668,7 @@ class ChannelClaimer:
         now = self._clock()
         async with self._ledger.writing() as conn:
             taken = (await conn.execute(
-                update(claims_table).where(and_(
-                    _K.id == claim_id, _K.state.in_(OPEN_CLAIMS),
-                    or_(_K.lease_until.is_(None), _K.lease_until < now)))
+                update(claims_table).where(and_(_K.id == claim_id, self._takeable(now)))
                 .values(owner=self._owner, updated_at=now,
                         lease_until=now + timedelta(seconds=self._policy.lease_seconds))
                 .returning(*claims_table.c))).mappings().first()
