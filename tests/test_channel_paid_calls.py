@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from x402.schemas import PaymentRequired, SettleResponse
 from x402.schemas.hooks import PaymentResponseContext
 
 from payments.codec import decode_base64_any
+from tests.support.evm_anvil import AnvilUsdc, anvil_missing, run_anvil
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
@@ -91,9 +93,11 @@ class Payer:
     """One payer with the SDK's own channel client (only batch-settlement registered, so it pays
     through a channel), its channel state in the SDK's in-memory storage."""
 
-    def __init__(self, gateway: LiveServer, rpc_url: str, funds: int = FUNDS) -> None:
+    def __init__(self, gateway: LiveServer, rpc_url: str, funds: int = FUNDS,
+                  chain: Any = None) -> None:
         self.account: LocalAccount = Account.create()
-        gateway.devnet.evm.mint(self.account.address, funds)
+        self.chain = chain or gateway.devnet.evm  # (the devnet's EvmChain, or an AnvilUsdc)
+        self.chain.mint(self.account.address, funds)
         self.scheme = ChannelClient(EthAccountSignerWithRPC(self.account, rpc_url))
         self.client = x402Client().register(EVM_NET, self.scheme)
         self.gateway = gateway
@@ -103,7 +107,7 @@ class Payer:
             return await http.post(f"{self.gateway.url}{path}", json=body)
 
     def balance(self) -> int:
-        return self.gateway.devnet.evm.balance_of(self.account.address)
+        return int(self.chain.balance_of(self.account.address))
 
 
 def receipt_of(answer: httpx.Response) -> dict[str, Any]:
@@ -266,18 +270,52 @@ def test_a_voucher_stream_is_charged_its_usage_at_its_end(gateway: LiveServer, r
         rows[0]["charged_atomic"] + charge + int(extra["chargedAmount"]))
 
 
-@pytest.fixture(scope="module")
-def claiming(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream
-             ) -> Iterator[tuple[LiveServer, str]]:
+@dataclass(frozen=True)
+class Claiming:
+    """A claiming gateway and the chain it settles on: `chain` mints, reads balances and holds
+    `w3` (the devnet's EvmChain, or DevUSDC on anvil); `rpc_url` is what the payer's signer reads."""
+
+    gateway: LiveServer
+    rpc_url: str
+    chain: Any
+    merchant_balance: Callable[[], int]
+
+
+def _new_key() -> str:
+    return "0x" + bytes(Account.create().key).hex()
+
+
+@pytest.fixture(scope="module", params=["devnet", "anvil"])
+def claiming(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             upstream: OpenAIUpstream) -> Iterator[Claiming]:
     """A gateway whose claimer claims a channel once $0.01 is unclaimed on it, or 2 s after its
-    first unclaimed charge (the defaults: $1.00, 300 s), and its devnet's RPC."""
-    server = start_server(Path(tmp_path_factory.mktemp("claiming")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai",
-        "PAYWIRE_CHANNEL_CLAIM_THRESHOLD_USD": "0.01", "PAYWIRE_CHANNEL_CLAIM_INTERVAL_SECONDS": "2",
-        "PAYWIRE_CHANNEL_POLL_SECONDS": "1"})
-    with JsonRpcHttpServer(server.devnet.evm.rpc) as rpc:
-        yield server, rpc.url
-    server.stop()
+    first unclaimed charge (the defaults: $1.00, 300 s): on the py-evm devnet, or in production
+    mode on an anvil node (the in-process facilitator over its RPC, a receiver-authorizer key of
+    its own, the SDK's contracts at their canonical addresses)."""
+    env = {"OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai",
+           "PAYWIRE_CHANNEL_CLAIM_THRESHOLD_USD": "0.01",
+           "PAYWIRE_CHANNEL_CLAIM_INTERVAL_SECONDS": "2", "PAYWIRE_CHANNEL_POLL_SECONDS": "1"}
+    folder = Path(tmp_path_factory.mktemp(f"claiming-{request.param}"))
+    if request.param == "devnet":
+        server = start_server(folder, env=env)
+        with JsonRpcHttpServer(server.devnet.evm.rpc) as rpc:
+            yield Claiming(server, rpc.url, server.devnet.evm,
+                           lambda: server.devnet.merchant_balances().evm)
+        server.stop()
+        return
+    if anvil_missing():
+        pytest.skip(anvil_missing())
+    merchant, facilitator_key = Account.create().address, _new_key()
+    with run_anvil() as node:
+        chain = AnvilUsdc(node, facilitator_key=facilitator_key, minter_key=_new_key())
+        server = start_server(folder, env=env | {
+            "PAYWIRE_NETWORKS": EVM_NET, "PAYWIRE_EVM_PAY_TO": merchant,
+            "PAYWIRE_EVM_FACILITATOR_KEY": facilitator_key, "PAYWIRE_EVM_RPC_URL": node.url,
+            "PAYWIRE_CHANNEL_AUTHORIZER_KEY": _new_key()})
+        try:
+            yield Claiming(server, node.url, chain, lambda: chain.balance_of(merchant))
+        finally:
+            server.stop()
 
 
 def until(check: Any, what: str, timeout: float = 60.0) -> Any:
@@ -291,14 +329,14 @@ def until(check: Any, what: str, timeout: float = 60.0) -> Any:
 
 
 def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
-        claiming: tuple[LiveServer, str], upstream: OpenAIUpstream) -> None:
-    """The issue's test: one deposit, then vouchers over every face from one SDK client; the
-    payer's balance moves once (the deposit); the running total is the sum of the delivered
-    calls' charges; the claimer claims it and sweeps it to the merchant, who then holds exactly
-    that sum; the payer's refund returns the rest."""
-    gateway, rpc_url = claiming
-    merchant_before = gateway.devnet.merchant_balances().evm
-    payer = Payer(gateway, rpc_url)
+        claiming: Claiming, upstream: OpenAIUpstream) -> None:
+    """The issue's test, on the devnet and on anvil: one deposit, then vouchers over every face
+    from one SDK client; the payer's balance moves once (the deposit); the running total is the
+    sum of the delivered calls' charges; the claimer claims it and sweeps it to the merchant, who
+    then holds exactly that sum; the payer's refund returns the rest."""
+    gateway = claiming.gateway
+    merchant_before = claiming.merchant_balance()
+    payer = Payer(gateway, claiming.rpc_url, chain=claiming.chain)
     upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 2}
     start = payer.balance()
 
@@ -362,10 +400,9 @@ def test_two_hundred_voucher_calls_on_one_deposit_over_rest_a2a_and_mcp(
     # the claimer claims them all (past its threshold, then the rest after its interval) and
     # sweeps them to the merchant
     channel_id = receipts[0]["extra"]["channelState"]["channelId"]
-    until(lambda: onchain(gateway, channel_id)[1] == base, "the claim of every charge")
-    until(lambda: gateway.devnet.merchant_balances().evm - merchant_before == base,
-          "the sweep to the merchant")
-    assert gateway.devnet.merchant_balances().evm - merchant_before == base  # exactly the charges
+    until(lambda: onchain(claiming.chain, channel_id)[1] == base, "the claim of every charge")
+    until(lambda: claiming.merchant_balance() - merchant_before == base, "the sweep to the merchant")
+    assert claiming.merchant_balance() - merchant_before == base  # exactly the charges
     assert payer.balance() == start - deposit  # a claim moves none of the payer's own funds
     refunded = payer.scheme.refund(f"{gateway.url}{CHAT}", RefundOptions(fetch=post_fetch))
     assert refunded.success and int(refunded.amount) == deposit - base
@@ -378,9 +415,9 @@ def post_fetch(url: str, headers: dict[str, str]) -> _RefundResponse:
     return _RefundResponse(status=answer.status_code, headers=dict(answer.headers))
 
 
-def onchain(gateway: LiveServer, channel_id: str) -> tuple[int, int]:
-    """(balance, totalClaimed) of a channel, read from the contract."""
-    contract = gateway.devnet.evm.w3.eth.contract(address=BATCH_SETTLEMENT_ADDRESS,
+def onchain(chain: Any, channel_id: str) -> tuple[int, int]:
+    """(balance, totalClaimed) of a channel, read from the contract on `chain` (its `w3`)."""
+    contract = chain.w3.eth.contract(address=BATCH_SETTLEMENT_ADDRESS,
                                                   abi=BATCH_SETTLEMENT_ABI)
     balance, claimed = contract.functions.channels(bytes.fromhex(channel_id[2:])).call()
     return balance, claimed
@@ -400,7 +437,7 @@ def test_a_cooperative_refund_claims_the_charges_and_returns_the_rest(
     assert int(refunded.amount) == int(receipts[0]["amount"]) - charged
     # the payer has back all it did not use; the channel's calls are claimed on chain
     assert payer.balance() == start - charged
-    assert onchain(gateway, channel_id) == (charged, charged)
+    assert onchain(gateway.devnet.evm, channel_id) == (charged, charged)
     # the channel takes no more vouchers on what is gone: the next call opens it with a deposit
     again = asyncio.run(payer.post(body, path))
     assert again.status_code == 200, again.text
