@@ -23,6 +23,8 @@ POINTS = frozenset({
     "refund_after_broadcast",  # the node took the refund's transfer, before it is confirmed
     "claim_after_intent",  # a channel claim's intent is committed, nothing broadcast
     "claim_after_broadcast",  # the facilitator answered a channel claim, before the ledger knows
+    "channel_refund_after_begin",  # a channel refund holds its channel, nothing sent
+    "channel_refund_after_broadcast",  # the facilitator answered a channel refund, before the ledger knows
 })
 
 

@@ -2,7 +2,9 @@
 (two Ledger objects on one database) and concurrent tasks reserving one channel, one winner;
 stale and overdrawing vouchers refused with what the payer needs to resync; a commit after the
 lease was taken withheld; the actual charge (at most the price) committed once; the running
-total never counted twice; the channel's charged calls tiling its running total.
+total never counted twice; the channel's charged calls tiling its running total; a cooperative
+refund's hold on its channel (taken over by the payer's retry once it lapsed, ended by the mirror
+when the chain shows the refund landed).
 
 Vouchers are signed by the x402 SDK's own client signer (`sign_voucher`) and read by
 payments/channels/wire.py, as the pipeline will read them.
@@ -14,7 +16,7 @@ import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -569,3 +571,105 @@ async def test_a_stale_reservation_left_by_an_older_reconciler_is_no_obstacle(
                                        actor="reconciler", detail="lease ran out")
     assert (await store.get(payer.channel_id)).pending_row == dead.row_id  # type: ignore[union-attr]
     assert (await charge(store, payer.call(0, 40))).channel.charged == 40
+
+
+# ---- a cooperative refund's hold --------------------------------------------------------------
+
+async def lapse_refund_hold(store: ChannelStore, channel_id: str) -> None:
+    """What waiting out REFUND_LEASE_SECONDS does (the refunding replica died, or nobody read its
+    outcome): the hold's lease is in the past."""
+    async with store.ledger.writing() as conn:
+        await conn.execute(update(channels_table).where(channels_table.c.channel_id == channel_id)
+                           .values(lease_until=datetime.now(UTC) - timedelta(seconds=1)))
+
+
+async def held_for_a_refund(store: ChannelStore, payer: Payer, charged: int = 100,
+                            owner: str = "a") -> channel_store.Channel:
+    """A channel charged `charged`, then held by `owner` for its payer's refund."""
+    await open_channel(store, payer)
+    await charge(store, payer.call(0, charged))
+    held = await store.begin_refund(payer.channel_id, charged, owner=owner)
+    assert held is not None
+    return held
+
+
+async def test_a_refund_holds_its_channel_until_its_lease_lapses(replicas: list[ChannelStore]) -> None:
+    """The hold is the refunding replica's, for REFUND_LEASE_SECONDS, with no call's reservation:
+    no voucher, no other refund meanwhile; once it lapsed (its replica died before sending), the
+    payer's retry on another replica takes it over, and the first hold can no longer end it."""
+    a, b = replicas
+    payer = Payer.new()
+    before = datetime.now(UTC)
+    held = await held_for_a_refund(a, payer)
+    assert (held.state, held.pending_row, held.owner) == (ChannelState.CLOSING, None, "a")
+    assert held.lease_until is not None
+    lease = (held.lease_until - before).total_seconds()
+    assert channel_store.REFUND_LEASE_SECONDS - 5 < lease <= channel_store.REFUND_LEASE_SECONDS + 1
+    assert await b.begin_refund(payer.channel_id, 100, owner="b") is None  # the lease runs
+    voucher = await b.reserve(payer.call(100, 50), owner="b", lease_seconds=LEASE)
+    assert isinstance(voucher, Refused) and voucher.refusal.reason == channel_store.CHANNEL_CLOSING
+
+    await lapse_refund_hold(a, payer.channel_id)
+    voucher = await b.reserve(payer.call(100, 50), owner="b", lease_seconds=LEASE)
+    assert isinstance(voucher, Refused) and voucher.refusal.reason == channel_store.CHANNEL_CLOSING
+    assert await b.begin_refund(payer.channel_id, 99, owner="b") is None  # not the running total
+    retry = await b.begin_refund(payer.channel_id, 100, owner="b")
+    assert retry is not None and (retry.state, retry.owner) == (ChannelState.CLOSING, "b")
+    assert await a.end_refund(held, Onchain(DEPOSIT, 100)) is None  # not its hold any more
+    still = await a.get(payer.channel_id)
+    assert still is not None and (still.state, still.owner) == (ChannelState.CLOSING, "b")
+
+    # the retry found nothing moved (or nothing to refund): the chain's state, the hold cleared
+    ended = await b.end_refund(retry, Onchain(DEPOSIT, 100))
+    assert ended is not None and (ended.state, ended.owner, ended.lease_until) == (
+        ChannelState.OPEN, None, None)
+    assert isinstance(await b.reserve(payer.call(100, 50), owner="b", lease_seconds=LEASE), Reserved)
+
+    # a retry that finds its refund landed after all, all of it: closed
+    spent = Payer.new()
+    first = await held_for_a_refund(a, spent)
+    await lapse_refund_hold(a, spent.channel_id)
+    retry = await b.begin_refund(spent.channel_id, 100, owner="b")
+    assert retry is not None
+    ended = await b.end_refund(retry, Onchain(100, 100, refund_nonce=1))
+    assert ended is not None and ended.state == ChannelState.CLOSED
+    assert await a.end_refund(first, Onchain(100, 100, refund_nonce=1)) is None
+
+
+async def test_a_withdrawal_pending_keeps_a_lapsed_refund_hold(replicas: list[ChannelStore]) -> None:
+    store = replicas[0]
+    payer = Payer.new()
+    await held_for_a_refund(store, payer)
+    await store.mirror(payer.channel_id, Onchain(DEPOSIT, 0, withdraw_requested_at=1_700_000_000))
+    await lapse_refund_hold(store, payer.channel_id)
+    assert await store.begin_refund(payer.channel_id, 100, owner="b") is None
+
+
+@pytest.mark.parametrize(("refunded", "state"), [(4_000, ChannelState.OPEN),
+                                                 (DEPOSIT - 100, ChannelState.CLOSED)])
+async def test_the_mirror_ends_the_hold_of_a_refund_that_landed(
+        replicas: list[ChannelStore], refunded: int, state: ChannelState) -> None:
+    """The refunding replica died after the broadcast: the chain's refundNonce moved past the one
+    mirrored when the refund began, so the claimer's mirror gives the channel the chain's state
+    (part left: open; all of it: closed) and clears the hold. Not before (the nonce unmoved), not
+    while a withdrawal is pending, and a read from before the refund never undoes it."""
+    a, b = replicas
+    payer = Payer.new()
+    held = await held_for_a_refund(a, payer)
+    unmoved = await b.mirror(payer.channel_id, Onchain(DEPOSIT, 100))
+    assert unmoved is not None and (unmoved.state, unmoved.owner, unmoved.lease_until) == (
+        ChannelState.CLOSING, "a", held.lease_until)
+    landed = Onchain(DEPOSIT - refunded, 100, refund_nonce=1)
+    withdrawing = await b.mirror(payer.channel_id, replace(landed, withdraw_requested_at=1_700_000_000))
+    assert withdrawing is not None and (withdrawing.state, withdrawing.owner) == (ChannelState.CLOSING, "a")
+
+    other = Payer.new()  # the same refund landed, no withdrawal
+    await held_for_a_refund(a, other)
+    mirrored = await b.mirror(other.channel_id, landed)
+    assert mirrored is not None and (mirrored.state, mirrored.owner, mirrored.lease_until) == (
+        state, None, None)
+    assert (mirrored.onchain.balance, mirrored.onchain.refund_nonce) == (DEPOSIT - refunded, 1)
+    stale = await a.mirror(other.channel_id, Onchain(DEPOSIT, 100))  # read before it landed
+    assert stale is not None and stale.onchain == landed and stale.state == state
+    if state == ChannelState.OPEN:  # vouchers again, within what is left
+        assert isinstance(await a.reserve(other.call(100, 50), owner="a", lease_seconds=LEASE), Reserved)

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, insert, null, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql import ColumnElement
 from x402.mechanisms.evm.batch_settlement import errors as bs
@@ -70,6 +70,10 @@ _C = channels_table.c
 _P = payments_table.c
 _RESERVE_ATTEMPTS = 3  # a reserve refused by a state that changed before it was explained
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# How long a refund holds its channel (`begin_refund`) before the payer's retry may take it
+# over: above the refund's send timeout (agent/pipeline/channel_refunds.py, 60 s), so a refund
+# still being sent never looks abandoned.
+REFUND_LEASE_SECONDS = 120.0
 
 
 def _now() -> datetime:
@@ -95,7 +99,7 @@ class Channel:
     onchain: Onchain
     onchain_synced_at: datetime | None
     pending_row: str | None  # the reservation: the call using the channel
-    owner: str | None
+    owner: str | None  # the reservation's replica; with no pending_row, a refund's (begin_refund)
     lease_until: datetime | None  # None while pending_row is set: held until the chain decides
     claim_due_at: datetime | None
     last_request_at: datetime | None
@@ -293,34 +297,49 @@ class ChannelStore:
     async def mirror(self, channel_id: str, onchain: Onchain, *,
                      synced_at: datetime | None = None) -> Channel | None:
         """What paywire's own read of the chain says: the mirror columns, and what follows from
-        them (never the reservation, which is the calls'). A withdrawal seen closes the channel
-        to vouchers and makes it due for a claim at once (x402 #3464); a totalClaimed above the
-        running total (claimed elsewhere) raises it, so no later voucher signs below what the
-        chain already paid."""
+        them (never a call's reservation). A withdrawal seen closes the channel to vouchers and
+        makes it due for a claim at once (x402 #3464); a totalClaimed above the running total
+        (claimed elsewhere) raises it, so no later voucher signs below what the chain already
+        paid; a refund that landed (its refundNonce moved) ends the refund's hold. A read older
+        than a refund already mirrored (a lower refundNonce) is not written: its balance is from
+        before that refund."""
         now, channel_id = _now(), channel_id.lower()
         withdrawing = onchain.withdraw_requested_at > 0
         closing = case((_C.state == ChannelState.OPEN, ChannelState.CLOSING), else_=_C.state)
+        # the refund holding the channel landed: the chain's refundNonce is past the one mirrored
+        # when it began (its own read, just before `begin_refund`), the nonce it signed
+        refunded = and_(_C.state == ChannelState.CLOSING, _C.pending_row.is_(None),
+                        _C.refund_nonce < onchain.refund_nonce)
         # nothing left to charge or claim, and no withdrawal pending (one finalized, or a channel
         # spent to its deposit): closed, until a deposit opens it again
-        emptied = case((and_(_C.state.in_((ChannelState.OPEN, ChannelState.CLOSING)),
-                             _C.charged_atomic <= onchain.total_claimed,
-                             onchain.balance <= onchain.total_claimed,
-                             _C.pending_row.is_(None)), ChannelState.CLOSED), else_=_C.state)
+        emptied = and_(_C.state.in_((ChannelState.OPEN, ChannelState.CLOSING)),
+                       _C.charged_atomic <= onchain.total_claimed,
+                       onchain.balance <= onchain.total_claimed, _C.pending_row.is_(None))
+        follows: dict[str, Any] = {"state": closing, "claim_due_at": now}
+        if not withdrawing:  # (a pending withdrawal keeps it closing, the hold too, until it ends)
+            ends_hold = or_(refunded, emptied)  # (no pending_row: owner and lease are a refund's)
+            follows = {"state": case((refunded, _state_of(onchain)), (emptied, ChannelState.CLOSED),
+                                     else_=_C.state),
+                       "owner": case((ends_hold, null()), else_=_C.owner),
+                       "lease_until": case((ends_hold, null()), else_=_C.lease_until)}
+        # (SQL reads every right-hand side, and the WHERE, on the row as it was before the UPDATE)
         async with self._ledger.writing() as conn:
             before = (await conn.execute(select(_C.charged_atomic).where(
                 _C.channel_id == channel_id))).scalar()
             row = (await conn.execute(
-                update(channels_table).where(_C.channel_id == channel_id)
+                update(channels_table).where(and_(_C.channel_id == channel_id,
+                                                  _C.refund_nonce <= onchain.refund_nonce))
                 .values(**_mirror_columns(onchain, synced_at or now), updated_at=now,
                         charged_atomic=case((_C.charged_atomic < onchain.total_claimed,
                                              onchain.total_claimed), else_=_C.charged_atomic),
-                        state=closing if withdrawing else emptied,
-                        claim_due_at=now if withdrawing else _C.claim_due_at)
+                        **follows)
                 .returning(*channels_table.c))).mappings().first()
+        if row is None:  # unknown, or a read from before a refund already mirrored
+            return await self.get(channel_id) if before is not None else None
         if before is not None and onchain.total_claimed > before:
             log.warning("channel %s: the chain's totalClaimed %d is above its running total %d "
                         "(claimed elsewhere): raised to it", channel_id, onchain.total_claimed, before)
-        return Channel.of(row) if row is not None else None
+        return Channel.of(row)
 
     # -- reserve -------------------------------------------------------------------------------
 
@@ -462,32 +481,51 @@ class ChannelStore:
 
     # -- a cooperative refund ------------------------------------------------------------------
 
-    async def begin_refund(self, channel_id: str, charged: int) -> Channel | None:
-        """Close the channel to vouchers for a refund the payer asked for, signed on the running
-        total `charged`: only while no call holds it and nothing was charged since (a voucher
-        accepted meanwhile would become unclaimable). The channel as it was, or None (then `get`
-        says why: busy, a moved total, a state that takes no refund)."""
+    async def begin_refund(self, channel_id: str, charged: int, *, owner: str,
+                           lease_seconds: float = REFUND_LEASE_SECONDS) -> Channel | None:
+        """Hold the channel for a refund the payer asked for, signed on the running total
+        `charged`: closed to vouchers (a voucher accepted meanwhile could become unclaimable),
+        held by `owner` for `lease_seconds` (`pending_row` stays NULL: no call reserves it). Only
+        while no call holds it and nothing was charged since; or, closing, when the hold of a
+        refund nobody finished lapsed (its replica died before sending, or its outcome was never
+        read) and no withdrawal is pending: the payer's retry takes it over. The retry signs the
+        refundNonce the chain holds, the very one the first attempt signed unless that one
+        landed (then the mirror before this reopened the channel): of two refund transactions on
+        one nonce, at most one can land. The hold as written (`end_refund` takes it), or None
+        (then `get` says why: busy, a moved total, a refund running, a state that takes no
+        refund)."""
         now = _now()
+        free = and_(_C.state.in_((ChannelState.OPEN, ChannelState.CLOSED)),
+                    or_(_C.pending_row.is_(None), _C.lease_until < now))
+        abandoned = and_(_C.state == ChannelState.CLOSING, _C.pending_row.is_(None),
+                         _C.withdraw_requested_at == 0,
+                         or_(_C.lease_until.is_(None), _C.lease_until < now))
         async with self._ledger.writing() as conn:
             row = (await conn.execute(
                 update(channels_table).where(and_(
                     _C.channel_id == channel_id.lower(), _C.charged_atomic == charged,
-                    _C.state.in_((ChannelState.OPEN, ChannelState.CLOSED)),
-                    or_(_C.pending_row.is_(None), _C.lease_until < now)))
-                .values(state=ChannelState.CLOSING, pending_row=None, owner=None, lease_until=None,
-                        claim_due_at=now, updated_at=now)
+                    or_(free, abandoned)))
+                .values(state=ChannelState.CLOSING, pending_row=None, owner=owner,
+                        lease_until=now + timedelta(seconds=lease_seconds), claim_due_at=now,
+                        updated_at=now)
                 .returning(*channels_table.c))).mappings().first()
         return Channel.of(row) if row is not None else None
 
-    async def end_refund(self, channel_id: str, onchain: Onchain) -> Channel | None:
-        """After a refund's transaction (moved or not): paywire's own read of the chain, and the
-        state it gives (closed when nothing is left, open otherwise)."""
-        now, channel_id = _now(), channel_id.lower()
+    async def end_refund(self, held: Channel, onchain: Onchain) -> Channel | None:
+        """The end of the refund `held` (begin_refund's hold): paywire's own read of the chain
+        after its transaction (or before it, when nothing was sent), the state it gives (closing
+        while a withdrawal is pending, closed when nothing is left, else open), the hold cleared.
+        Only while the hold is still this one: None when it lapsed and a retry took it over, or
+        the mirror ended it (the refund landed), and nothing is written."""
+        now = _now()
         async with self._ledger.writing() as conn:
             row = (await conn.execute(
-                update(channels_table).where(and_(_C.channel_id == channel_id,
-                                                  _C.state == ChannelState.CLOSING))
-                .values(**_mirror_columns(onchain, now), state=_state_of(onchain), updated_at=now,
+                update(channels_table).where(and_(
+                    _C.channel_id == held.channel_id, _C.state == ChannelState.CLOSING,
+                    _C.pending_row.is_(None), _C.owner == held.owner,
+                    _C.lease_until == held.lease_until))
+                .values(**_mirror_columns(onchain, now), state=_state_of(onchain), owner=None,
+                        lease_until=None, updated_at=now,
                         charged_atomic=case((_C.charged_atomic < onchain.total_claimed,
                                              onchain.total_claimed), else_=_C.charged_atomic))
                 .returning(*channels_table.c))).mappings().first()

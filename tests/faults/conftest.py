@@ -14,16 +14,6 @@ from tests.support.postgres import PostgresServer
 
 from .harness import Chains, Deployment, EvmChain, SolanaChain
 
-# Run alone under `make test` (tests/support/parallel.py): the throughput figure is the gateway's,
-# not a share of a machine busy with other tests.
-ALONE = ("tests/faults/test_replicas_throughput.py",)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.nodeid.split("::", 1)[0] in ALONE:
-            item.add_marker(pytest.mark.serial)
-
 
 @pytest.fixture(scope="session")
 def chains(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chains]:

@@ -10,6 +10,11 @@ chain later, claimed by one replica's claimer and swept to the merchant. The fau
    nothing charged twice, no result without a charge.
 4. Two replicas taking vouchers of one channel at once: the same voucher sent to both (one
    charge), and two requests on one base (one wins, the other gets a 402).
+5. `kill -9` during a payer's partial refund, once its hold began (nothing sent: the payer's
+   retry goes through once the hold lapsed, once) and after its broadcast (the chain has it, the
+   ledger does not: the claimer reopens the channel); vouchers go on after each.
+6. The payer's withdrawal racing the claims: vouchers refused once it is seen, everything charged
+   claimed before its delay ends; the payer gets back exactly the rest.
 
 Every scenario ends with the channels' invariant (`check_channels`), read once every charge is
 claimed and swept: Σ channels(id).totalClaimed on chain == Σ charged_atomic of the settled rows
@@ -23,7 +28,9 @@ signs the deposit (call 0)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -32,19 +39,25 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 from sqlalchemy import and_, select, update
 from x402 import x402ClientSync
 from x402.mechanisms.evm.batch_settlement.abi import BATCH_SETTLEMENT_ABI
 from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme
 from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher
 from x402.mechanisms.evm.batch_settlement.constants import BATCH_SETTLEMENT_ADDRESS, SCHEME_BATCH_SETTLEMENT
-from x402.mechanisms.evm.batch_settlement.types import ChannelConfig, VoucherPayload
+from x402.mechanisms.evm.batch_settlement.errors import ERR_CHANNEL_BUSY
+from x402.mechanisms.evm.batch_settlement.facilitator.utils import to_contract_channel_config
+from x402.mechanisms.evm.batch_settlement.types import ChannelConfig, RefundPayload, VoucherPayload
 from x402.mechanisms.evm.batch_settlement.utils import compute_channel_id
 from x402.mechanisms.evm.signers import EthAccountSigner, EthAccountSignerWithRPC
 from x402.schemas import PaymentPayload
 
+from payments.channels.store import CHANNEL_CLOSING
+from payments.codec import decode_base64_any
 from payments.ledger_schema import OPEN_CLAIMS, channels_table, claim_rows_table, claims_table
 from tests.support.paying import EVM_NET, header, quote
 from tests.support.postgres import PostgresServer
@@ -82,6 +95,10 @@ DURING_CRASH_SECONDS = 180
 RECOVERY_SECONDS = 20 + LEASE_SECONDS
 # From the last call to the last sweep: a claimer pass (0.5 s), a claim and a sweep on anvil.
 CLAIMED_WITHIN = 30.0
+# anvil's clock is the session's: a withdrawal's wait (the channel's delay, an hour) is a jump of
+# the chain's time, set back right after. No EIP-3009 deposit, whose validBefore is the wall
+# clock's + 300 s, may land meanwhile: the deposits of scenarios run beside it hold this too.
+CHAIN_CLOCK = threading.Lock()
 _K = claims_table.c
 _R = claim_rows_table.c
 _C = channels_table.c
@@ -129,6 +146,18 @@ class OpenChannel:
     payer: str
     price: int
     calls: list[Payment]
+    deposit: int
+    account: LocalAccount
+    config: ChannelConfig
+    opening: PaymentPayload  # the deposit's payload: its `accepted` is the channel's requirement
+
+    def refund(self, charged: int, amount: int) -> str:
+        """The payment header of a partial refund, its voucher signed on the running total."""
+        payload = RefundPayload()
+        payload.channel_config = self.config
+        payload.voucher = sign_voucher(EthAccountSigner(self.account), self.channel_id, charged, EVM_NET)
+        payload.amount = str(amount)
+        return header(self.opening.model_copy(update={"payload": payload.to_dict()}))
 
 
 def open_channel(deployment: Deployment, tag: str, count: int) -> OpenChannel:
@@ -156,7 +185,7 @@ def open_channel(deployment: Deployment, tag: str, count: int) -> OpenChannel:
                                   "model": "gpt-4o"},
                      header(payload), payer, f"{channel_id}/{k * price}", price)
              for k, payload in enumerate(payloads)]
-    return OpenChannel(channel_id, payer, price, calls)
+    return OpenChannel(channel_id, payer, price, calls, deposit, account, config, opening)
 
 
 def voucher(opening: PaymentPayload, config: ChannelConfig, signer: EthAccountSigner,
@@ -168,12 +197,40 @@ def voucher(opening: PaymentPayload, config: ChannelConfig, signer: EthAccountSi
     return opening.model_copy(update={"payload": payload.to_dict()})
 
 
+def contract(deployment: Deployment) -> Any:
+    return deployment.chains.evm.node.web3().eth.contract(address=BATCH_SETTLEMENT_ADDRESS,
+                                                          abi=BATCH_SETTLEMENT_ABI)
+
+
 def onchain(deployment: Deployment, channel_id: str) -> tuple[int, int]:
     """(balance, totalClaimed) of a channel, read from the contract."""
-    contract = deployment.chains.evm.node.web3().eth.contract(address=BATCH_SETTLEMENT_ADDRESS,
-                                                              abi=BATCH_SETTLEMENT_ABI)
-    balance, claimed = contract.functions.channels(bytes.fromhex(channel_id[2:])).call()
+    balance, claimed = contract(deployment).functions.channels(bytes.fromhex(channel_id[2:])).call()
     return int(balance), int(claimed)
+
+
+def refund_nonce(deployment: Deployment, channel_id: str) -> int:
+    return int(contract(deployment).functions.refundNonce(bytes.fromhex(channel_id[2:])).call())
+
+
+def wallet(deployment: Deployment, address: str) -> int:
+    return deployment.chains.evm.usdc.balance_of(address)
+
+
+def payer_tx(deployment: Deployment, account: LocalAccount, function: str, *args: Any) -> bool:
+    """A transaction of the payer's own to the channel contract (it pays its gas): did it succeed?"""
+    deployment.chains.evm.usdc.fund_gas(account.address, 10**17)
+    w3 = deployment.chains.evm.node.web3()
+    tx = getattr(contract(deployment).functions, function)(*args).build_transaction({
+        "from": account.address, "gas": 300_000,
+        "nonce": w3.eth.get_transaction_count(account.address, "pending")})
+    sent = w3.eth.send_raw_transaction(account.sign_transaction(tx).raw_transaction)
+    return bool(w3.eth.wait_for_transaction_receipt(sent, timeout=30)["status"] == 1)
+
+
+def channel_row(deployment: Deployment, channel_id: str) -> dict[str, Any]:
+    [row] = deployment.select(select(_C.state, _C.owner, _C.lease_until, _C.pending_row)
+                              .where(_C.channel_id == channel_id))
+    return row
 
 
 def claim_events(deployment: Deployment, channel_id: str) -> list[tuple[str, int]]:
@@ -413,7 +470,8 @@ def postgres_stopped_while_vouchers_flow(deployment: Deployment, postgres: Postg
               for i in range(CHANNELS)]
     before, started = merchant(deployment), time.monotonic()
     # the deposits first, through the facilitator: a channel to pay vouchers on
-    Client(deployment.urls).start([c.calls[0] for c in opened], concurrency=4).wait()
+    with CHAIN_CLOCK:
+        Client(deployment.urls).start([c.calls[0] for c in opened], concurrency=4).wait()
     runs = [Client(deployment.urls, deadline_seconds=60).start(c.calls[1:], concurrency=1, first=i % 2)
             for i, c in enumerate(opened)]
     try:
@@ -456,7 +514,8 @@ def two_replicas_on_one_channel(deployment: Deployment) -> None:
     before, started = merchant(deployment), time.monotonic()
     deposit, same, different = (opened.calls[:1], opened.calls[1:1 + ROUNDS],
                                 opened.calls[1 + ROUNDS:])
-    Client(deployment.urls).start(deposit, concurrency=1, first=0).wait()
+    with CHAIN_CLOCK:
+        Client(deployment.urls).start(deposit, concurrency=1, first=0).wait()
     twins: list[Payment] = []
     for call in same:  # the same voucher and request to both replicas: one charge, one result
         twin = replace(call, answers=[], results=[], transactions=[], final=None)
@@ -485,16 +544,137 @@ def two_replicas_on_one_channel(deployment: Deployment) -> None:
     assert counts["charged"] == 1 + 2 * ROUNDS  # a charge per base, whoever won it
 
 
+# ------------------------------------------------------------------------ 5. kill -9 in a refund
+
+
+def pay(deployment: Deployment, calls: list[Payment]) -> None:
+    """Each call once, one at a time, each delivered."""
+    Client(deployment.urls).start(calls, concurrency=1).wait()
+    assert [p.final and p.final.status for p in calls] == [200] * len(calls), [p.final for p in calls]
+
+
+def ask_refund(deployment: Deployment, payment: str) -> httpx.Response:
+    """A refund request as the SDK's client sends one, POSTed with no body to a paid route."""
+    return httpx.post(f"{deployment.urls[0]}{RESOURCE}", headers={"PAYMENT-SIGNATURE": payment},
+                      timeout=60)
+
+
+def refund_killed(deployment: Deployment, payment: str) -> None:
+    """A refund request the gateway dies answering (its failpoint): no answer."""
+    gateway = deployment.gateways[0]
+    with pytest.raises(httpx.TransportError):
+        ask_refund(deployment, payment)
+    assert gateway.proc is not None and gateway.proc.wait(timeout=30) == -signal.SIGKILL
+    lapse_claim_leases(deployment, written_before=datetime.now(UTC))  # (a claim it left open)
+
+
+def kill_during_a_refund(deployment: Deployment) -> None:
+    """Seven calls on one channel and two partial refunds between them: the first killed once
+    its hold began, the second after its broadcast."""
+    gateway = deployment.gateways[0]
+    gateway.restart(failpoints="channel_refund_after_begin=kill@1")
+    opened = open_channel(deployment, "kill -9 during a refund", 7)
+    cid, price = opened.channel_id, opened.price
+    first, second = opened.deposit // 5, opened.deposit // 8
+    before, started = merchant(deployment), time.monotonic()
+    pay(deployment, opened.calls[:3])
+
+    # killed once the hold began: nothing moved on chain, the channel held (closing)
+    refund = opened.refund(3 * price, first)
+    refund_killed(deployment, refund)
+    assert (onchain(deployment, cid)[0], refund_nonce(deployment, cid)) == (opened.deposit, 0)
+    held = channel_row(deployment, cid)
+    assert (held["state"], held["pending_row"]) == ("closing", None) and held["owner"], held
+    # (the second refund to reach its broadcast kills this one: the retry's goes through)
+    gateway.start(failpoints="channel_refund_after_broadcast=kill@2")
+    busy = ask_refund(deployment, refund)  # the hold runs: told when it lapses
+    assert busy.status_code == 402 and busy.json()["reason"] == ERR_CHANNEL_BUSY, busy.text
+    assert 1 <= float(busy.headers["Retry-After"]) <= 120, busy.headers
+    deployment.write(update(channels_table).where(_C.channel_id == cid)  # waiting out its lease
+                     .values(lease_until=datetime.now(UTC) - timedelta(seconds=1)))
+    retried = ask_refund(deployment, refund)
+    assert retried.status_code == 200, retried.text
+    receipt = json.loads(decode_base64_any(retried.headers["PAYMENT-RESPONSE"]))
+    assert receipt["success"] and int(receipt["amount"]) == first, receipt
+    assert (onchain(deployment, cid)[0], refund_nonce(deployment, cid)) == (opened.deposit - first, 1)
+    assert channel_row(deployment, cid)["state"] == "open"
+    pay(deployment, opened.calls[3:5])
+
+    # killed after the broadcast: the chain has it; the restarted claimer ends the hold from it
+    refund_killed(deployment, opened.refund(5 * price, second))
+    assert (onchain(deployment, cid)[0], refund_nonce(deployment, cid)) == (
+        opened.deposit - first - second, 2)
+    assert channel_row(deployment, cid)["state"] == "closing"
+    gateway.start()
+    quiet = time.monotonic()
+    assert until(lambda: channel_row(deployment, cid)["state"] == "open", quiet + RECOVERY_SECONDS), \
+        channel_row(deployment, cid)
+    assert channel_row(deployment, cid)["owner"] is None
+    pay(deployment, opened.calls[5:])
+    counts = check_channels("sqlite, 1 process, kill -9 during a refund (after its hold began, "
+                            "after its broadcast)", deployment, [opened], before, started=started,
+                            quiet_since=quiet)
+    assert counts["delivered"] == counts["charged"] == len(opened.calls)
+    assert onchain(deployment, cid)[0] == opened.deposit - first - second
+    assert wallet(deployment, opened.payer) == first + second  # its own, nothing more
+
+
+# -------------------------------------------------------------- 6. a withdrawal racing the claims
+
+
+def a_withdrawal_racing_the_claims(deployment: Deployment) -> None:
+    """Three calls, then the payer starts withdrawing all it deposited."""
+    opened = open_channel(deployment, "a withdrawal racing the claims", 4)
+    cid, charged = opened.channel_id, 3 * opened.price
+    before, started = merchant(deployment), time.monotonic()
+    pay(deployment, opened.calls[:3])
+    config = to_contract_channel_config(opened.config)
+    # all the chain holds unclaimed (the contract's most): a claim landing first makes it revert,
+    # and the payer asks again (three charges: a few claims at most)
+    for _ in range(4):
+        balance, claimed = onchain(deployment, cid)
+        if payer_tx(deployment, opened.account, "initiateWithdraw", config, balance - claimed):
+            break
+    else:
+        raise AssertionError("initiateWithdraw reverted four times")
+    assert until(lambda: channel_row(deployment, cid)["state"] == "closing",
+                 time.monotonic() + CLAIMED_WITHIN), "the claimer did not see the withdrawal"
+    late = opened.calls[3:]
+    Client(deployment.urls).start(late, concurrency=1).wait()
+    assert [(a.status, a.code) for a in late[0].answers] == [(402, CHANNEL_CLOSING)]
+    # everything charged is claimed before the delay ends; then the payer takes the rest
+    assert until(lambda: onchain(deployment, cid)[1] == charged, time.monotonic() + CLAIMED_WITHIN)
+    node = deployment.chains.evm.node
+    with CHAIN_CLOCK:
+        node.rpc("evm_increaseTime", [opened.config.withdraw_delay])
+        node.rpc("evm_mine", [])
+        try:
+            assert payer_tx(deployment, opened.account, "finalizeWithdraw", config)
+        finally:  # (the chain's time back to the wall clock's, for the deposits signed after)
+            node.rpc("evm_setTime", [int(time.time())])
+            node.rpc("evm_mine", [])
+    quiet = time.monotonic()
+    assert wallet(deployment, opened.payer) == opened.deposit - charged
+    counts = check_channels("sqlite, 1 process, a withdrawal racing the claims", deployment,
+                            [opened], before, started=started, quiet_since=quiet)
+    assert (counts["delivered"], counts["charged"]) == (3, 3)
+    assert until(lambda: channel_row(deployment, cid)["state"] == "closed", quiet + CLAIMED_WITHIN)
+
+
 # ------------------------------------------------------------------------------------- tests
 
 
-def test_kill_9_during_a_voucher_call_and_replicas_racing_on_one_channel(
+def test_kill_9_during_a_voucher_call_or_a_refund_and_replicas_racing_on_one_channel(
         channel_single: Deployment, channel_replicas: Deployment) -> None:
-    side_by_side(lambda: kill_while_a_voucher_runs(channel_single),
-                 lambda: two_replicas_on_one_channel(channel_replicas))
+
+    def voucher_then_refund() -> None:
+        kill_while_a_voucher_runs(channel_single)
+        kill_during_a_refund(channel_single)
+
+    side_by_side(voucher_then_refund, lambda: two_replicas_on_one_channel(channel_replicas))
 
 
-def test_kill_9_during_a_claim_and_postgres_stopped_mid_traffic(
+def test_kill_9_during_a_claim_a_withdrawal_racing_the_claims_and_postgres_stopped_mid_traffic(
         channel_single: Deployment, channel_replicas: Deployment,
         postgres_server: PostgresServer) -> None:
     channel_replicas.ensure_running()
@@ -502,6 +682,7 @@ def test_kill_9_during_a_claim_and_postgres_stopped_mid_traffic(
     def both_claim_points() -> None:
         kill_during_a_claim(channel_single, "claim_after_intent")
         kill_during_a_claim(channel_single, "claim_after_broadcast")
+        a_withdrawal_racing_the_claims(channel_single)
 
     side_by_side(both_claim_points,
                  lambda: postgres_stopped_while_vouchers_flow(channel_replicas, postgres_server))

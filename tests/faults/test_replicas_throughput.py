@@ -1,6 +1,7 @@
 """Two replicas sharing one PostgreSQL database and one facilitator key per chain: 200 distinct
 payments spread over both, 16 in flight, settle once each (200 settled rows, 200 distinct
-transactions, the merchant paid to the unit, no nonce collision). Prints the throughput."""
+transactions, the merchant paid to the unit, no nonce collision). Prints the throughput, on a
+machine busy with the rest of the suite (bench/paid_load.py measures it alone)."""
 
 from __future__ import annotations
 
