@@ -729,9 +729,14 @@ def _state_refusal(channel: Channel, *, withdrawing: bool) -> Refusal:
     return Refusal(CHANNEL_CLOSED, "the channel holds no deposit paywire can charge: send a deposit payload")
 
 
+# When a payer told channel_busy should try again: the holding call's lease is renewed while it
+# runs, so its end says nothing of when the call ends; most calls end within a second.
+BUSY_RETRY_SECONDS = 1.0
+
+
 def _busy(channel: Channel | None) -> Refusal:
     lease = channel.lease_until if channel is not None else None
-    wait = max((lease - _now()).total_seconds(), 1.0) if lease is not None else None
+    wait = BUSY_RETRY_SECONDS if lease is not None else None  # (None: until the chain decides)
     return Refusal(bs.ERR_CHANNEL_BUSY, (
         "another call of this channel is in progress (a channel serves one call at a time): "
         "send this one again when it has ended"), retry_after=wait)
