@@ -550,6 +550,29 @@ async def test_a_claim_cut_between_its_intent_and_its_broadcast_is_claimed_once_
     assert sorted(await fees(ledgers[0])) == sorted([claims[1]["tx_hash"].lower(), sweep["tx_hash"].lower()])
 
 
+async def test_a_send_the_facilitator_does_not_answer_in_time_is_pending_never_released_at_once(
+        new_seller: Sellers, devnet: X402Chain, ledgers: list[Ledger]) -> None:
+    """Past the send timeout the facilitator's worker may still broadcast: the claim is pending
+    (the chain decides at the next pass), not released and sent again while the first may land."""
+    seller = new_seller(devnet, ledgers[0], threshold=1)
+    payers = [await seller.open() for _ in range(2)]
+    charged = [await seller.charge(p, 2_500 + i) for i, p in enumerate(payers)]
+
+    async def never_answers(network: str, payload: dict[str, Any]) -> SettleResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+    tally = await seller.claimer(send=never_answers, send_timeout_seconds=0.05).run_pass()
+
+    assert (tally.pending, tally.released, tally.claims) == (1, 0, 0)
+    [claim] = await claims_of(ledgers[0])
+    assert (claim["state"], claim["lease_until"]) == (ClaimState.PENDING, None)
+    # the next pass asks the chain: nothing landed, so released, and its channels claimed again
+    tally = await seller.claimer().run_pass()
+    assert (tally.resolved, tally.claims, tally.channels_claimed) == (1, 1, 2)
+    assert [c["state"] for c in await claims_of(ledgers[0])] == [ClaimState.RELEASED, ClaimState.SETTLED]
+    assert [seller.claimed_events(p.channel_id) for p in payers] == [[c] for c in charged]
+
+
 async def test_a_claim_broadcast_before_its_replica_died_is_settled_from_the_chain(
         new_seller: Sellers, devnet: X402Chain, ledgers: list[Ledger],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -502,6 +502,9 @@ class ChannelClaimer:
         try:
             async with asyncio.timeout(self._policy.send_timeout_seconds):
                 receipt = await self._send_fn(network, payload)
+        except TimeoutError:  # (the facilitator's worker thread may still send: the chain decides)
+            return Unknown(f"no answer within {self._policy.send_timeout_seconds:.0f} s",
+                           trace.transaction), None
         except Exception as exc:  # classified: a raise is not "nothing moved"
             error = exc
         finally:
