@@ -264,7 +264,7 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
 
 def channel_terms(settings: Settings, devnet: Any | None) -> ChannelTerms | None:
     """The batch-settlement terms when channels are on: paywire's receiver-authorizer key (on the
-    devnet, its generated one), the withdrawal delay and the smallest deposit."""
+    devnet, its generated one), the withdrawal delay, the smallest deposit and the deposit method."""
     if not settings.channels_on:
         return None
     from eth_account import Account
@@ -274,7 +274,8 @@ def channel_terms(settings: Settings, devnet: Any | None) -> ChannelTerms | None
            else settings.secret("channel_authorizer_key"))
     return ChannelTerms(LocalAuthorizerSigner(Account.from_key(key)),
                         withdraw_delay=settings.channel_withdraw_delay_seconds,
-                        min_deposit_atomic=usd_to_atomic(settings.channel_min_deposit_usd))
+                        min_deposit_atomic=usd_to_atomic(settings.channel_min_deposit_usd),
+                        deposit_method=settings.channel_deposit_method)
 
 
 def rate_limits(settings: Settings) -> RateLimits:

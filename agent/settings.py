@@ -365,6 +365,12 @@ class Settings(_FromEnvironment):
         "PAYWIRE_CHANNEL_MIN_DEPOSIT_USD", Decimal("0.25"), "the smallest deposit that opens or "
         "tops up a channel (USD)", accepts="a USD amount above 0, such as 0.25", gt=0, le=1000,
         allow_inf_nan=False)
+    channel_deposit_method: Literal["eip3009", "permit2"] = _var(
+        "PAYWIRE_CHANNEL_DEPOSIT_METHOD", "eip3009", "how a payer's deposit into a channel moves "
+        "its tokens (the 402's extra.assetTransferMethod): eip3009, a signed transfer "
+        "authorization that needs no approval (USDC has ERC-3009); permit2, a Permit2 transfer, "
+        "for tokens without ERC-3009 (the payer approves Permit2 once)",
+        accepts="eip3009 or permit2")
     channel_claim_interval_seconds: float = _seconds(
         "PAYWIRE_CHANNEL_CLAIM_INTERVAL_SECONDS", 300.0, "the longest a channel's charges wait "
         "for a claim on chain")

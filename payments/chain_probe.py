@@ -37,6 +37,13 @@ unattributed Transfer to the payee ahead of it in its block, is `CannotMove`; an
 (spent before the searched blocks) is `Moved(None)`. A zero-amount settlement sends nothing: the
 pipeline records it settled with no transaction, and this probe never sees it.
 
+A channel deposit through Permit2 (kind "permit2" with a `channel_id`, the permit's witness) is
+probed the same way: its spender is the Permit2 deposit collector, which the batch-settlement
+contract calls from `deposit(config, amount, collector, collectorData)`, and Permit2 transfers
+the deposit from `owner` to that contract (`to`). Its use is a successful `deposit` transaction
+naming this collector, owner and nonce (collectorData begins with the nonce). It names no
+facilitator: anyone holding the signed deposit may submit it, as an EIP-3009 one.
+
 Solana: `isBlockhashValid` first, then the signature's status (with history). A blockhash seen
 invalid BEFORE the status lookup cannot take a transaction after it, so "not found" then means
 never. Commitment is "confirmed" throughout: a transaction seen only at "processed" may still be
@@ -89,6 +96,8 @@ from typing import Any, Protocol, cast
 
 import httpx
 from eth_utils import function_abi_to_4byte_selector, keccak
+from x402.mechanisms.evm.batch_settlement.abi import BATCH_SETTLEMENT_ABI
+from x402.mechanisms.evm.batch_settlement.constants import BATCH_SETTLEMENT_ADDRESS
 from x402.mechanisms.evm.constants import (
     PERMIT2_ADDRESS,
     X402_UPTO_PERMIT2_PROXY_ABI,
@@ -112,6 +121,12 @@ _SETTLE_PERMIT_WORD = {
     for entry in (*X402_UPTO_PERMIT2_PROXY_ABI, *X402_UPTO_PERMIT2_PROXY_SETTLE_WITH_PERMIT_ABI)
     if entry.get("type") == "function" and entry["name"] in ("settle", "settleWithPermit")
 }
+# A channel deposit: the batch-settlement contract's deposit(config, amount, collector,
+# collectorData); its config (7 static words) begins with the payer.
+BATCH_SETTLEMENT = BATCH_SETTLEMENT_ADDRESS.lower()
+_DEPOSIT_SELECTOR = next(function_abi_to_4byte_selector(entry).hex() for entry in BATCH_SETTLEMENT_ABI
+                         if entry.get("type") == "function" and entry["name"] == "deposit")
+_DEPOSIT_COLLECTOR_WORD, _DEPOSIT_DATA_WORD = 8, 9
 
 DEFAULT_LOG_LOOKBACK_BLOCKS = 10_000  # ~5.5 hours of Base's 2 s blocks; many RPCs cap ranges near it
 SIGNATURES_PAGE = 1_000  # getSignaturesForAddress's maximum page
@@ -443,22 +458,29 @@ class _Eip3009Ref:
 
 @dataclass(frozen=True)
 class _Permit2Ref:
-    """An `upto` payment: a Permit2 witness transfer through the upto proxy (`spender`), which
-    only `facilitator` may submit (the proxy checks msg.sender against the signed witness)."""
+    """A Permit2 witness transfer: an `upto` payment through the upto proxy (`spender`), which
+    only `facilitator` may submit (the proxy checks msg.sender against the signed witness); or a
+    channel deposit (its ref carries a `channel_id`) through the Permit2 deposit collector,
+    which anyone may submit through the batch-settlement contract."""
 
     token: str  # lowercase 0x addresses
     owner: str
     spender: str
     to: str
-    facilitator: str
+    facilitator: str | None  # None: a deposit
     nonce: int
     deadline: int
     what = "permit"
 
     @classmethod
     def parse(cls, ref: Mapping[str, Any]) -> _Permit2Ref:
-        for name in ("max", "valid_after"):  # not needed to probe, but part of a sound ref
-            _uint(ref.get(name), name)
+        deposit = "channel_id" in ref
+        # not needed to probe, but part of a sound ref: the amount, and the witness
+        _uint(ref.get("max"), "max")
+        if deposit:
+            _bytes32(ref.get("channel_id"), "channel_id")
+        else:
+            _uint(ref.get("valid_after"), "valid_after")
         nonce = _uint(ref.get("nonce"), "nonce")
         if nonce >= 2**256:
             raise InvalidChainRef("chain_ref's nonce is not a uint256")
@@ -467,13 +489,13 @@ class _Permit2Ref:
             owner=_address(ref.get("owner"), "owner"),
             spender=_address(ref.get("spender"), "spender"),
             to=_address(ref.get("to"), "to"),
-            facilitator=_address(ref.get("facilitator"), "facilitator"),
+            facilitator=None if deposit else _address(ref.get("facilitator"), "facilitator"),
             nonce=nonce,
             deadline=_uint(ref.get("deadline"), "deadline"),
         )
 
     @property
-    def settler(self) -> str:
+    def settler(self) -> str | None:
         return self.facilitator
 
     @property
@@ -575,11 +597,14 @@ class _Permit2Ref:
 
     async def _settles(self, rpc: JsonRpc, tx_hash: str) -> bool | None:
         """Whether a mined transaction is the proxy's settlement of this permit (True), of
-        another (False), or not a direct call of the proxy (None: cannot tell)."""
+        another (False), or not a direct call of the proxy (None: cannot tell); for a deposit,
+        the batch-settlement contract's deposit through this collector."""
         tx = await rpc.call("eth_getTransactionByHash", [tx_hash])
         if not isinstance(tx, dict) or not isinstance(tx.get("input"), str):
             raise UnexpectedAnswer("eth_getTransactionByHash: not the mined transaction")
         data = tx["input"]
+        if self.facilitator is None:
+            return self._deposits(str(tx.get("to") or "").lower(), data)
         skip = _SETTLE_PERMIT_WORD.get(data[2:10].lower())
         if str(tx.get("to") or "").lower() != self.spender or skip is None:
             return None
@@ -588,6 +613,30 @@ class _Permit2Ref:
             return None
         # permit ((token, amount), nonce, deadline), amount, owner
         return int(words[2], 16) == self.nonce and int(words[5], 16) == int(self.owner, 16)
+
+    def _deposits(self, to: str, data: str) -> bool | None:
+        """Whether `data`, sent to `to`, is a deposit of this permit (True), another deposit
+        (False), or no direct deposit call (None: cannot tell)."""
+        if to != BATCH_SETTLEMENT or data[2:10].lower() != _DEPOSIT_SELECTOR:
+            return None
+        word = _abi_word_reader(data[10:])
+        offset = word(_DEPOSIT_DATA_WORD)
+        if offset is None or offset % 32:
+            return None
+        payer, collector = word(0), word(_DEPOSIT_COLLECTOR_WORD)
+        nonce = word(offset // 32 + 1)  # collectorData: its length, then (nonce, deadline, ...)
+        if payer is None or collector is None or nonce is None:
+            return None
+        return (collector == int(self.spender, 16) and payer == int(self.owner, 16)
+                and nonce == self.nonce)
+
+
+def _abi_word_reader(args: str) -> Callable[[int], int | None]:
+    """The i-th 32-byte word of hex ABI arguments, or None past their end or not hex."""
+    def word(i: int) -> int | None:
+        text = args[64 * i: 64 * i + 64]
+        return int(text, 16) if _HEX64.fullmatch(text) else None
+    return word
 
 
 async def _succeeded_with(rpc: JsonRpc, tx_hash: str, holds: Callable[[Any], bool]) -> bool:

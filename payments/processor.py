@@ -33,6 +33,7 @@ from x402.extensions.payment_identifier import (
     is_valid_payment_id,
 )
 from x402.mechanisms.evm.batch_settlement.constants import (
+    BATCH_SETTLEMENT_ADDRESS,
     ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
     PAYLOAD_TYPE_DEPOSIT,
     SCHEME_BATCH_SETTLEMENT,
@@ -256,10 +257,11 @@ class PaymentProcessor:
         self._channel_templates = channels
         self._waiting = None
 
-    def _config(self, scheme: str, entry: PayTo) -> ResourceConfig:
+    def _config(self, scheme: str, entry: PayTo, extra: dict[str, Any] | None = None) -> ResourceConfig:
         return ResourceConfig(scheme=scheme, pay_to=entry.pay_to,
                               price=AssetAmount(amount="1", asset=entry.asset or entry.network.usdc),
-                              network=entry.network.caip2, max_timeout_seconds=self._max_timeout)
+                              network=entry.network.caip2, max_timeout_seconds=self._max_timeout,
+                              extra=extra)
 
     def _upto_template(self, entry: PayTo) -> list[PaymentRequirements]:
         """The network's `upto` requirement, or none when its facilitator does not settle upto."""
@@ -274,9 +276,13 @@ class PaymentProcessor:
         off or its facilitator does not settle them."""
         if entry.network.caip2 not in self._channel_schemes:
             return {}
+        assert self._channels is not None
+        # Named even when it is the default, so every client reads one answer from the 402 (the
+        # SDK's scheme keeps a route's own method and checks it is one it settles).
+        method = {"assetTransferMethod": self._channels.deposit_method}
         try:
             [built] = self._server.build_payment_requirements(
-                self._config(SCHEME_BATCH_SETTLEMENT, entry))
+                self._config(SCHEME_BATCH_SETTLEMENT, entry, method))
         except (SchemeNotFoundError, FacilitatorCapabilityError, ValueError) as exc:
             log.info("channels are not offered on %s: %s", entry.network.v1_name, exc)
             return {}
@@ -506,22 +512,33 @@ def _permit2_identity(network: str, token: str, inner: dict[str, Any]) -> Paymen
 def _channel_identity(requirement: PaymentRequirements, inner: dict[str, Any]) -> PaymentIdentity:
     """A call paid through a channel: the key is the channel and the running total the call is
     charged on top of (its voucher's ceiling less the quote), so a retry of the same call has the
-    same key and two calls never do. A deposit's chain reference is its ERC-3009 authorization
-    (to the deposit collector; nonce keccak(channelId, salt)), which the reconciler can probe."""
+    same key and two calls never do. A deposit's chain reference is what moves its tokens, which
+    the reconciler can probe: its ERC-3009 authorization (to the deposit collector; nonce
+    keccak(channelId, salt)) or its Permit2 permit (spender the Permit2 deposit collector, which
+    has Permit2 transfer to the settlement contract; witness the channel id)."""
     payload = read_payload(inner)
     voucher, payer = payload.voucher, payload.config.payer
     key = PaymentKey(requirement.network, payer,
                      f"{voucher.channel_id}/{voucher.ceiling - int(requirement.amount)}")
     ref: dict[str, Any] = {"kind": "channel", "channel_id": voucher.channel_id}
-    if payload.kind == PAYLOAD_TYPE_DEPOSIT and payload.transfer_method == "eip3009":
-        auth = inner["deposit"]["authorization"]["erc3009Authorization"]
+    if payload.kind != PAYLOAD_TYPE_DEPOSIT:
+        return PaymentIdentity(key, ref)
+    authorization = inner["deposit"]["authorization"]
+    if payload.transfer_method == "eip3009":
+        auth = authorization["erc3009Authorization"]
         ref = {"kind": "eip3009", "token": requirement.asset, "from": payer,
                "to": ERC3009_DEPOSIT_COLLECTOR_ADDRESS.lower(),
                "value": str(payload.deposit_amount), "valid_after": str(auth["validAfter"]),
                "valid_before": str(auth["validBefore"]),
-               "nonce": build_erc3009_deposit_nonce(voucher.channel_id, auth["salt"]).lower(),
-               "channel_id": voucher.channel_id,
-               # what the reconciler charges the call with if the deposit moved and this replica
-               # did not live to record it
-               "voucher": {"ceiling": str(voucher.ceiling), "signature": voucher.signature}}
+               "nonce": build_erc3009_deposit_nonce(voucher.channel_id, auth["salt"]).lower()}
+    elif payload.transfer_method == "permit2":
+        permit = authorization["permit2Authorization"]
+        ref = {"kind": "permit2", "token": requirement.asset, "owner": payer,
+               "spender": str(permit["spender"]).lower(), "to": BATCH_SETTLEMENT_ADDRESS.lower(),
+               "max": str(payload.deposit_amount), "nonce": str(permit["nonce"]),
+               "deadline": str(permit["deadline"])}
+    # what the reconciler charges the call with if the deposit moved and this replica did not
+    # live to record it (`channel_id` is also the Permit2 witness)
+    ref |= {"channel_id": voucher.channel_id,
+            "voucher": {"ceiling": str(voucher.ceiling), "signature": voucher.signature}}
     return PaymentIdentity(key, ref)

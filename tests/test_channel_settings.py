@@ -57,3 +57,13 @@ def test_claims_must_be_seen_well_inside_the_withdrawal_delay() -> None:
                            "PAYWIRE_CHANNEL_SYNC_SECONDS": "200"})
     assert "PAYWIRE_CHANNEL_SYNC_SECONDS" in str(refused.value)
     assert "a quarter of PAYWIRE_CHANNEL_WITHDRAW_DELAY_SECONDS (900 s)" in str(refused.value)
+
+
+def test_the_deposit_method_is_eip3009_unless_permit2_is_asked_for() -> None:
+    assert Settings.from_env({}).channel_deposit_method == "eip3009"
+    permit2 = Settings.from_env({"PAYWIRE_CHANNEL_DEPOSIT_METHOD": "permit2"})
+    assert permit2.channel_deposit_method == "permit2"
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"PAYWIRE_CHANNEL_DEPOSIT_METHOD": "permit"})
+    assert str(refused.value) == ("PAYWIRE_CHANNEL_DEPOSIT_METHOD must be eip3009 or permit2, "
+                                  "got 'permit'")

@@ -63,8 +63,10 @@ def priced(scheme: BatchSettlementEvmScheme, template: PaymentRequirements, amou
 @dataclass(frozen=True)
 class ChannelTerms:
     """The operator's channel settings the 402 carries: the receiver-authorizer key paywire signs
-    claims and refunds with, the withdrawal delay, and the smallest deposit (atomic)."""
+    claims and refunds with, the withdrawal delay, the smallest deposit (atomic), and how a
+    deposit moves the payer's tokens (`extra.assetTransferMethod`: "eip3009" or "permit2")."""
 
     authorizer: AuthorizerSigner
     withdraw_delay: int = DEFAULT_WITHDRAW_DELAY_SECONDS
     min_deposit_atomic: int | None = None
+    deposit_method: str = "eip3009"
