@@ -14,7 +14,11 @@ connection) replayed on a bare sqlite3 connection with the ledger's pragmas, BEG
 and COMMIT; the difference is what the layers above SQLite (SQLAlchemy's execution, the
 ledger's own code) cost per call.
 
+SQLite's hot statements run on the ledger's fast path (payments/sqlite_fast.py) once hot;
+`--no-fast-path` runs every statement through SQLAlchemy's execution, for a before/after.
+
   .venv/bin/python bench/channel_ledger.py [--db sqlite|postgresql|both] [--calls 3000] [-c 1,32]
+      [--no-fast-path]
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from x402.mechanisms.evm.batch_settlement.client.voucher import sign_voucher  # 
 from x402.mechanisms.evm.batch_settlement.constants import PAYLOAD_TYPE_VOUCHER  # noqa: E402
 from x402.mechanisms.evm.signers import EthAccountSigner  # noqa: E402
 
+from payments import sqlite_fast  # noqa: E402
 from payments.channels.store import ChannelCall, ChannelStore, Committed, Reserved  # noqa: E402
 from payments.channels.wire import ChannelConfig, Onchain, Voucher, channel_id_of  # noqa: E402
 from payments.ledger import Ledger, StoredResult  # noqa: E402
@@ -157,7 +162,11 @@ def main() -> None:
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("-c", "--concurrency", default="1,32")
+    ap.add_argument("--no-fast-path", action="store_true",
+                    help="SQLite: every statement through SQLAlchemy (payments/sqlite_fast.py off)")
     args = ap.parse_args()
+    if args.no_fast_path:
+        sqlite_fast.FAST_AFTER_USES = None
     levels = [int(c) for c in args.concurrency.split(",")]
     pg = None
     try:
