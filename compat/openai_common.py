@@ -249,10 +249,11 @@ def model_skill(gateway: Gateway, body: dict[str, Any], operation: str) -> Any:
 
 
 async def sse(chunks: Any, outcome: Delivered | None = None) -> AsyncIterator[bytes]:
-    """The chunks as SSE events. A stream charged at its end (`upto`, a channel voucher) had no
-    receipt when its headers went out: its receipt follows the last chunk as an SSE comment
-    (`: PAYMENT-RESPONSE <base64>`), which every SSE parser skips and an x402 client may read."""
-    late = outcome is not None and outcome.receipt is None
+    """The chunks as SSE events. A stream charged at its end (`upto`, a channel voucher or
+    deposit) had no receipt of its charge when its headers went out (none, or a deposit's): its
+    receipt follows the last chunk as an SSE comment (`: PAYMENT-RESPONSE <base64>`), which every
+    SSE parser skips and an x402 client may read."""
+    sent = outcome.receipt if outcome is not None else None
     try:
         async for chunk in chunks:
             yield b"data: " + json_bytes(chunk) + b"\n\n"
@@ -264,7 +265,7 @@ async def sse(chunks: Any, outcome: Delivered | None = None) -> AsyncIterator[by
         # A client that went away cancels this generator: close the chain down to the upstream
         # request now (not whenever the garbage collector gets to it).
         await chunks.aclose()
-    if late and outcome is not None and outcome.receipt is not None:
+    if outcome is not None and outcome.receipt is not None and outcome.receipt is not sent:
         [encoded, *_] = receipt_headers(outcome.receipt).values()
         yield b": PAYMENT-RESPONSE " + encoded.encode() + b"\n\n"
     yield DONE

@@ -270,6 +270,45 @@ def test_a_voucher_stream_is_charged_its_usage_at_its_end(gateway: LiveServer, r
         rows[0]["charged_atomic"] + charge + int(extra["chargedAmount"]))
 
 
+def test_a_deposit_stream_moves_its_deposit_first_and_is_charged_its_usage(
+        gateway: LiveServer, rpc_url: str, upstream: OpenAIUpstream) -> None:
+    payer = Payer(gateway, rpc_url)
+    upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 40}
+    quoted = int(quote(gateway, {**BODY, "stream": True}).accepts[0].amount)
+
+    async def stream() -> tuple[dict[str, Any], list[str]]:
+        async with x402HttpxClient(payer.client, timeout=60) as http, http.stream(
+                "POST", f"{gateway.url}{CHAT}", json={**BODY, "stream": True}) as answer:
+            assert answer.status_code == 200
+            # the deposit moved before the first byte: its receipt, the channel before the charge
+            head = receipt_of(answer)
+            return head, [line async for line in answer.aiter_lines() if line]
+
+    head, lines = asyncio.run(stream())
+    assert head["transaction"].startswith("0x") and head["extra"]["chargedAmount"] == "0"
+    assert head["extra"]["channelState"]["chargedCumulativeAmount"] == "0"
+    deposit = FUNDS - payer.balance()
+    assert deposit >= quoted and int(head["extra"]["channelState"]["balance"]) == deposit
+    assert [line for line in lines if line.startswith("data: ")][-1] == "data: [DONE]"
+    [late] = [line for line in lines if line.startswith(": PAYMENT-RESPONSE ")]
+    late_receipt = json.loads(decode_base64_any(late.removeprefix(": PAYMENT-RESPONSE ")))
+    [row] = channel_rows(gateway, payer.account.address)
+    assert row["state"] == "settled" and row["usage"]["completion_tokens"] == 40
+    assert row["tx_hash"] == head["transaction"]
+    charge = row["charged_atomic"]
+    assert 0 < charge < quoted  # what it used, not its quote
+    assert late_receipt["extra"]["chargedAmount"] == str(charge)
+    # the client booked the deposit at 0 and resyncs its running total on its next call (a
+    # voucher on the same deposit: the payer's balance does not move again)
+    upstream.behaviour.reported_usage = {"prompt_tokens": 13, "completion_tokens": 2}
+    after = asyncio.run(payer.post(BODY))
+    assert after.status_code == 200, after.text
+    extra = receipt_of(after)["extra"]
+    assert receipt_of(after)["transaction"] == ""
+    assert int(extra["channelState"]["chargedCumulativeAmount"]) == charge + int(extra["chargedAmount"])
+    assert FUNDS - payer.balance() == deposit
+
+
 @dataclass(frozen=True)
 class Claiming:
     """A claiming gateway and the chain it settles on: `chain` mints, reads balances and holds

@@ -7,6 +7,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from x402.schemas import SettleResponse
+
 from agent.pipeline.outcomes import Delivered, Outcome
 from agent.pipeline.paid import PaidCall, PaidServices
 from agent.pipeline.shielding import to_the_end
@@ -24,14 +26,16 @@ class SettlesAResult(Protocol):
 
 
 def stream_settled_at_its_end(settlement: SettlesAResult, paid: PaidCall, row_id: str,
-                              chunks: AsyncIterator[Any], first: Any) -> Delivered:
+                              chunks: AsyncIterator[Any], first: Any, *,
+                              receipt: SettleResponse | None = None) -> Delivered:
     """The stream handed out now and settled when it ends (its receipt is in the ledger: the
-    caller's headers went out before its charge was known)."""
+    caller's headers went out before its charge was known; `receipt`: what they say of what
+    moved before, a deposit's)."""
     s = settlement.services
     s.in_flight.add(row_id)  # the claim's lease, renewed until the stream's end settles it
     ending = SettledAtItsEnd(settlement, paid, row_id, chunks)
     handover = StreamHandover(s.ledger, row_id, ending, first, s.policy, paid=paid.t)
-    delivered = Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), None,
+    delivered = Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), receipt,
                           paid.atomic, stream=handover.chunks(), on_handover=handover.report)
     ending.outcome = delivered  # its receipt and charge, once settled (a face that answers after
     return delivered            # the stream's end, as A2A's message/send does, sends them)

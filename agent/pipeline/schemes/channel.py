@@ -10,7 +10,10 @@ moves: intent, settle, classify; once it moved, paywire reads the channel on cha
 balance is never taken from a facilitator's report, x402 #2559) and commits the charge.
 
 A stream is charged at its end, for its usage (its headers go out before the charge is known, so
-its receipt is in the ledger, and the client resyncs on its next call)."""
+its receipt is in the ledger, and the client resyncs on its next call). A deposit stream's deposit
+moves before its first byte goes out (a channel is funded before it pays for anything); its
+headers carry the deposit's receipt with the channel as it was before the charge (chargedAmount
+0: the client books the deposit), and the charge is committed at its end, as a voucher's is."""
 
 from __future__ import annotations
 
@@ -169,19 +172,21 @@ class ChannelSettlement(OnchainSettlement):
     # -- settle: the commit (a deposit's: after it moved) --------------------------------------
 
     async def settle(self, paid: PaidCall, row_id: str, result: SkillResult, *,
-                     record: bool = True) -> Outcome:
+                     record: bool = True,
+                     deposited: tuple[Onchain, SettleResponse] | None = None) -> Outcome:
+        """`deposited`: a deposit stream's deposit, moved before its first byte (its charge is
+        committed now, at its end, whatever the face did meanwhile: the money moved)."""
         t, s, call = paid.t, self.services, self.call_of(paid)
         actual = self.amount_to_settle(paid, result)
-        guard = settle_guard.get()
-        if guard is not None and not guard.begin():  # the face stopped the call: nothing moves
-            await self.release(row_id, "cancelled before settlement")
-            return Refused(t, 503, "cancelled_before_settlement",
-                           "the call was cancelled before its payment settled; nothing was charged")
-        deposited: tuple[Onchain, SettleResponse] | Outcome | None = None
-        if call.kind == PAYLOAD_TYPE_DEPOSIT:
-            deposited = await self._deposit(paid, row_id, call, result, actual, record)
-            if not isinstance(deposited, tuple):
-                return deposited
+        if deposited is None:
+            stopped = await self._stopped(paid, row_id)
+            if stopped is not None:
+                return stopped
+            if call.kind == PAYLOAD_TYPE_DEPOSIT:
+                moved = await self._deposit(paid, row_id, call, result, actual, record)
+                if not isinstance(moved, tuple):
+                    return moved
+                deposited = moved
         with t.stage("record"):
             try:
                 committed = await self.channels.store.commit(
@@ -204,6 +209,15 @@ class ChannelSettlement(OnchainSettlement):
             self.channels.wake_claimer()
         return Delivered(t, result, self._receipt(committed, deposited), actual,
                          on_handover=s.missed(row_id) if record else None)
+
+    async def _stopped(self, paid: PaidCall, row_id: str) -> Outcome | None:
+        """The face stopped the call before anything moved: released, nothing charged."""
+        guard = settle_guard.get()
+        if guard is None or guard.begin():
+            return None
+        await self.release(row_id, "cancelled before settlement")
+        return Refused(paid.t, 503, "cancelled_before_settlement",
+                       "the call was cancelled before its payment settled; nothing was charged")
 
     @staticmethod
     def _receipt(committed: Committed,
@@ -265,15 +279,53 @@ class ChannelSettlement(OnchainSettlement):
 
     async def settle_stream(self, paid: PaidCall, row_id: str, chunks: AsyncIterator[Any],
                             first: Any) -> Outcome:
-        if self.call_of(paid).kind == PAYLOAD_TYPE_DEPOSIT:
-            # A deposit moves before any byte goes out (as an exact payment does): a stream opens
-            # a channel only once it is funded, and is charged its quote (its usage is not known
-            # before its first byte).
-            return await super().settle_stream(paid, row_id, chunks, first)
-        return stream_settled_at_its_end(self, paid, row_id, chunks, first)
+        call = self.call_of(paid)
+        if call.kind != PAYLOAD_TYPE_DEPOSIT:
+            return stream_settled_at_its_end(self, paid, row_id, chunks, first)
+        # The deposit moves with the first chunk in hand, before any byte goes out; its intent
+        # records the quote (what the reconciler commits if this process dies mid-stream, as an
+        # exact stream is charged its price); the stream's end commits what it used.
+        moved = await self._stopped(paid, row_id)
+        if moved is None:
+            moved = await self._deposit(paid, row_id, call, SkillResult(body=None), paid.atomic,
+                                        record=False)
+        if not isinstance(moved, tuple):
+            await chunks.aclose()  # type: ignore[attr-defined] - the deposit did not move
+            return moved
+        onchain, receipt = moved
+        funded = receipt.model_copy(update={
+            "payer": receipt.payer or call.config.payer,
+            "extra": {**(receipt.extra or {}),
+                      **charge_extra(call.channel_id, onchain, charged_before=call.base, actual=0)}})
+        return stream_settled_at_its_end(_AfterDeposit(self, moved), paid, row_id, chunks, first,
+                                         receipt=funded)
 
     async def settle_again(self, paid: PaidCall, row: PaymentRow) -> Outcome | PaymentRow:
         """A deposit whose outcome is not known: the reconciler asks the chain (its ERC-3009
         authorization), then commits or releases; until then the answer is pending."""
         return pending(paid.t, row.network, row.tx_hash, self.services.policy.pending_retry_seconds)
 
+
+
+class _AfterDeposit:
+    """A deposit stream's settlement at its end: the charge committed on the deposit that moved
+    before its first byte, with the channel read again (a claim or a withdrawal may have come
+    meanwhile; the commit writes its mirror), or as read after the deposit if it cannot be."""
+
+    def __init__(self, settlement: ChannelSettlement, deposited: tuple[Onchain, SettleResponse]) -> None:
+        self.services = settlement.services
+        self._settlement, self._deposited = settlement, deposited
+
+    async def settle(self, paid: PaidCall, row_id: str, result: SkillResult, *,
+                     record: bool = True) -> Outcome:
+        onchain, receipt = self._deposited
+        call = self._settlement.call_of(paid)
+        rpc = self._settlement.channels.rpc_for(call.network)
+        if rpc is not None:
+            try:
+                onchain = await read_channel(rpc, call.channel_id)
+            except ProbeError as exc:
+                log.info("payment %s: channel %s not read again at its stream's end (%s)",
+                         row_id, call.channel_id, exc)
+        return await self._settlement.settle(paid, row_id, result, record=record,
+                                             deposited=(onchain, receipt))
