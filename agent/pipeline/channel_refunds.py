@@ -16,7 +16,8 @@ another, of what is left; so an answer never invites a retry of a refund that ma
   receipt, even when what follows fails (the read after it, the ledger at `end_refund`): the money
   is back. The hold then ends by itself: the claimer mirrors closing channels every pass, and the
   mirror ends a hold whose refundNonce moved.
-- nothing moved (known: refused before anything was sent, or reverted): 402 with the failed
+- nothing moved (known: refused before anything was sent; a refund sent and reverted is answered
+  as unknown, below: the SDK's reason does not tell a revert from a receipt not seen): 402 with the failed
   receipt, the channel open again; 503 when the chain or the ledger could not be asked after it
   (the hold lapses: Retry-After says when the same refund goes through).
 - unknown (sent, no answer within REFUND_SEND_TIMEOUT_SECONDS or no receipt): 503

@@ -718,10 +718,16 @@ def _reserve_refusal(failed: str, call: ChannelCall, channel: Channel) -> Refusa
 
 
 def _state_refusal(channel: Channel, *, withdrawing: bool) -> Refusal:
-    if withdrawing or channel.state == ChannelState.CLOSING:
+    if withdrawing or (channel.state == ChannelState.CLOSING
+                       and channel.onchain.withdraw_requested_at):
         return Refusal(CHANNEL_CLOSING, (
             "the channel's payer asked to withdraw (a withdrawal is pending on chain): it takes "
             "no new voucher; pay from another channel (another salt) or with the exact scheme"))
+    if channel.state == ChannelState.CLOSING:  # (held by a cooperative refund, until it ends)
+        return Refusal(CHANNEL_CLOSING, (
+            "a cooperative refund of this channel is under way: it takes no new voucher until the "
+            "refund ends (then it holds what the refund left); try again in a few seconds, or pay "
+            "from another channel (another salt) or with the exact scheme"))
     if channel.state == ChannelState.QUARANTINED:
         return Refusal(CHANNEL_QUARANTINED, (
             "the channel is held for the operator (the chain disagreed with its record): pay from "
