@@ -219,7 +219,8 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
         evm_signer, svm_signer = devnet.signers()
         # The devnet's chains compute in process: two threads (more only contend for the GIL).
         facilitator: Any = in_process_facilitator(
-            devnet.networks, evm_signer=evm_signer, svm_signer=svm_signer, workers=2)
+            devnet.networks, evm_signer=evm_signer, svm_signer=svm_signer, workers=2,
+            channel_deposit_method=settings.channel_deposit_method)
         pay_to = devnet.pay_to()
     else:
         networks = list(settings.networks)
@@ -238,7 +239,8 @@ def build_payments(settings: Settings, devnet: Any | None) -> PaymentProcessor:
                 solana_rpc_url=settings.solana_rpc_url or "",
                 receipt_timeout=settings.settlement_receipt_timeout_seconds)
             facilitator = in_process_facilitator(
-                networks, evm_signer=evm_signer, svm_signer=svm_signer)
+                networks, evm_signer=evm_signer, svm_signer=svm_signer,
+                channel_deposit_method=settings.channel_deposit_method)
         pay_to = [
             PayTo(n, settings.evm_pay_to if n.family == "evm" else settings.solana_pay_to)
             for n in networks

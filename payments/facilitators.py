@@ -28,6 +28,7 @@ from x402.http.facilitator_client_base import HTTPFacilitatorClientBase
 from x402.mechanisms.evm.batch_settlement.constants import (
     BATCH_SETTLEMENT_ADDRESS,
     ERC3009_DEPOSIT_COLLECTOR_ADDRESS,
+    PERMIT2_DEPOSIT_COLLECTOR_ADDRESS,
 )
 from x402.mechanisms.evm.batch_settlement.facilitator import BatchSettlementEvmFacilitator
 from x402.mechanisms.evm.constants import PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS
@@ -73,6 +74,14 @@ SUPPORTED_ANSWER_LIMIT = 2 * 2**20
 Payload = PaymentPayload | PaymentPayloadV1
 Requirements = PaymentRequirements | PaymentRequirementsV1
 
+# What a channel deposit moves the payer's tokens through, by its method (the 402's
+# `extra.assetTransferMethod`, PAYWIRE_CHANNEL_DEPOSIT_METHOD): ERC-3009 needs only its collector;
+# Permit2 needs Permit2 itself and its collector, which has Permit2 transfer to the contract.
+DEPOSIT_CONTRACTS: dict[str, tuple[str, ...]] = {
+    "eip3009": (ERC3009_DEPOSIT_COLLECTOR_ADDRESS,),
+    "permit2": (PERMIT2_ADDRESS, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS),
+}
+
 
 def in_process_facilitator(
     networks: list[NetworkInfo],
@@ -80,8 +89,11 @@ def in_process_facilitator(
     evm_signer: Any | None = None,
     svm_signer: Any | None = None,
     workers: int = 32,
+    channel_deposit_method: str = "eip3009",
 ) -> ThreadedFacilitator:
-    """The SDK's own facilitator, verifying and settling with our keys, off the event loop."""
+    """The SDK's own facilitator, verifying and settling with our keys, off the event loop.
+    `channel_deposit_method`: how channel deposits move (PAYWIRE_CHANNEL_DEPOSIT_METHOD), whose
+    contracts the chain must have for channels to be settled here."""
     facilitator = x402FacilitatorSync()
     evm = [n.caip2 for n in networks if n.family == "evm"]
     svm = [n.caip2 for n in networks if n.family == "svm"]
@@ -95,7 +107,7 @@ def in_process_facilitator(
         if upto_contracts_deployed(evm_signer):
             facilitator.register(evm, UptoEvmFacilitatorScheme(
                 evm_signer, UptoEvmSchemeConfig(simulate_in_settle=True)))
-        if channel_contracts_deployed(evm_signer):
+        if channel_contracts_deployed(evm_signer, channel_deposit_method):
             # No authorizer key here: paywire signs claims and refunds with its own (the
             # receiverAuthorizer the 402 names), so the facilitator only broadcasts.
             facilitator.register(evm, BatchSettlementEvmFacilitator(evm_signer))
@@ -113,11 +125,16 @@ def upto_contracts_deployed(evm_signer: Any) -> bool:
     return _deployed(evm_signer, "upto", (PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS))
 
 
-def channel_contracts_deployed(evm_signer: Any) -> bool:
-    """Whether the chain has the batch-settlement contract and its ERC-3009 deposit collector
-    at their canonical addresses: channels are offered only then (asked once, at startup)."""
+def channel_contracts_deployed(evm_signer: Any, deposit_method: str = "eip3009") -> bool:
+    """Whether the chain has the batch-settlement contract and what `deposit_method`'s deposits
+    move through (`DEPOSIT_CONTRACTS`: the ERC-3009 deposit collector; or Permit2 and the Permit2
+    deposit collector), at their canonical addresses: channels are offered only then (asked once,
+    at startup)."""
+    if deposit_method not in DEPOSIT_CONTRACTS:
+        raise ValueError(f"unknown channel deposit method {deposit_method!r}: "
+                         f"one of {', '.join(DEPOSIT_CONTRACTS)}")
     return _deployed(evm_signer, "batch-settlement",
-                     (BATCH_SETTLEMENT_ADDRESS, ERC3009_DEPOSIT_COLLECTOR_ADDRESS))
+                     (BATCH_SETTLEMENT_ADDRESS, *DEPOSIT_CONTRACTS[deposit_method]))
 
 
 def _deployed(evm_signer: Any, scheme: str, addresses: Sequence[str]) -> bool:

@@ -1,6 +1,6 @@
 """A payer's mistakes, explained: what went wrong and what to do, in the words a client shows.
 
-Three mistakes that otherwise get a bare answer (issue 22 §4):
+Four mistakes that otherwise get a bare answer (issue 22 §4):
 
 - An underfunded payer. The facilitator's verify answers `invalid_exact_evm_insufficient_balance`
   (EVM) or `transaction_simulation_failed` (Solana, whatever made the simulation fail). The
@@ -10,6 +10,11 @@ Three mistakes that otherwise get a bare answer (issue 22 §4):
   faucet when there is one). Solana's code says "insufficient balance" only when the balance
   read proves it; otherwise it names the likely causes. A balance that cannot be read is said
   to be unread, never guessed.
+- A Permit2 payment (`exact` by Permit2, `upto`, a channel's Permit2 deposit) from a payer who has
+  not approved Permit2 for the token: the facilitator's `permit2_allowance_required` (or the
+  batch-settlement one). The message gets the payer's allowance for Permit2 (read as a balance
+  is) beside what the payment needs, and what to do: approve the canonical Permit2 for the token,
+  or sign the gasless approval of x402's gas-sponsoring extensions when the quote offers one.
 - A payment in a header paywire does not read (`Authorization`, `X-Payment-Signature`,
   `PAYMENT-RESPONSE`...): a 402 whose message names the header and the two it reads. Only a
   few values of a plausible size and alphabet are decoded (`MAX_INSPECTED_VALUES`), each
@@ -30,9 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from eth_utils import function_abi_to_4byte_selector
 from solders.pubkey import Pubkey
 from solders.transaction import VersionedTransaction
+from x402.extensions.eip2612_gas_sponsoring import EIP2612_GAS_SPONSORING_KEY as EIP2612_SPONSORING
+from x402.extensions.erc20_approval_gas_sponsoring import (
+    ERC20_APPROVAL_GAS_SPONSORING_KEY as ERC20_SPONSORING,
+)
 from x402.mechanisms.evm import constants as evm
+from x402.mechanisms.evm.batch_settlement import errors as batch
 from x402.mechanisms.svm import constants as svm
 from x402.mechanisms.svm.utils import extract_transaction_info
 from x402.schemas import PaymentRequired, PaymentRequirements
@@ -49,7 +60,12 @@ log = logging.getLogger(__name__)
 BALANCE_READ_SECONDS = 2.0  # the refusal waits at most this long for the payer's balance
 UNDERFUNDED_EVM = frozenset({evm.ERR_INSUFFICIENT_BALANCE, evm.ERR_PERMIT2_INSUFFICIENT_BALANCE})
 SIMULATION_FAILED = svm.ERR_SIMULATION_FAILED
+# A Permit2 payment whose payer has not approved Permit2 for the token (`exact`, `upto`), or a
+# channel's Permit2 deposit: the facilitator read the allowance and found it short (or unreadable)
+PERMIT2_UNAPPROVED = frozenset({evm.ERR_PERMIT2_ALLOWANCE_REQUIRED,
+                                batch.ERR_PERMIT2_ALLOWANCE_REQUIRED})
 _BALANCE_OF = "70a08231"  # ERC-20 balanceOf(address)
+_ALLOWANCE = function_abi_to_4byte_selector(evm.ERC20_ALLOWANCE_ABI[0]).hex()  # (owner, spender)
 _WORD = re.compile(r"0x[0-9a-fA-F]{64}")
 _TOKEN_PROGRAMS = frozenset({svm.TOKEN_PROGRAM_ADDRESS, svm.TOKEN_2022_PROGRAM_ADDRESS})
 _TOKEN_ACCOUNT_HEAD = 109  # an SPL token account's mint, owner, amount, delegate and state
@@ -84,10 +100,13 @@ class PayerMistakes:
     async def explain(self, reason: str, payload: Mapping[str, Any],
                       requirement: PaymentRequirements) -> str | None:
         """What a facilitator's refusal `reason` of this matched scheme `payload` means and how
-        the payer fixes it, or None when it is not an underfunded payer's code."""
+        the payer fixes it, or None when it is not an underfunded payer's code (nor a missing
+        Permit2 approval's)."""
         network = lookup_network(requirement.network)
         if network.family == "evm" and reason in UNDERFUNDED_EVM:
             return await self._evm(payload, requirement, network)
+        if network.family == "evm" and reason in PERMIT2_UNAPPROVED:
+            return await self._permit2(payload, requirement, network)
         if network.family == "svm" and reason == SIMULATION_FAILED:
             return await self._svm(payload, requirement, network)
         return None
@@ -103,6 +122,31 @@ class PayerMistakes:
                     f"{self._fund(network, payer, cost)}")
         return (f"the payer {payer} holds {_usdc(holding.amount)} on {_name(network)}, the call "
                 f"costs {_usdc(cost)}; {self._fund(network, payer, cost - holding.amount)}")
+
+    async def _permit2(self, payload: Mapping[str, Any], requirement: PaymentRequirements,
+                       network: NetworkInfo) -> str:
+        token, spend = str(requirement.asset), _permit2_spend(payload, requirement)
+        approve = (f"approve Permit2 ({evm.PERMIT2_ADDRESS}) for the token {token} once (the "
+                   f"token's approve({evm.PERMIT2_ADDRESS}, amount), sent from the payer, its gas "
+                   "paid in ETH), or sign the gasless approval of x402's "
+                   f"{EIP2612_SPONSORING} or {ERC20_SPONSORING} extension when the quote offers "
+                   "one; then send the same request again. Nothing was charged")
+        if spend is None:  # (the facilitator read this payload; a payload it did not: no figures)
+            return f"the payer has not approved Permit2 to move its tokens; {approve}"
+        owner, need, what = spend
+        holding, unread = await self._read(network, _evm_allowance(token, owner), "allowance")
+        if holding is None:
+            return (f"the facilitator found that the payer {owner} has not approved Permit2 to "
+                    f"move {_token_amount(need, token, network)} for {what} on {_name(network)} "
+                    f"({unread}); {approve}")
+        if holding.amount >= need:  # approved since the facilitator read, or its read failed
+            return (f"the payer {owner}'s allowance for Permit2 is "
+                    f"{_token_amount(holding.amount, token, network)} now, enough for {what} "
+                    f"({_token_amount(need, token, network)}); the facilitator read less or "
+                    "could not read it: send the same request again. Nothing was charged")
+        return (f"the payer {owner} has not approved Permit2 for the token on {_name(network)}: "
+                f"its allowance for Permit2 is {_token_amount(holding.amount, token, network)}, "
+                f"{what} needs {_token_amount(need, token, network)}; {approve}")
 
     async def _svm(self, payload: Mapping[str, Any], requirement: PaymentRequirements,
                    network: NetworkInfo) -> str:
@@ -127,21 +171,23 @@ class PayerMistakes:
                 f"{_name(network)}, {where}; the call costs {_usdc(cost)}; "
                 f"{self._fund(network, info.payer, cost - holding.amount)}")
 
-    async def _read(self, network: NetworkInfo, reading: Reading) -> tuple[Holding | None, str]:
-        """The holding `reading` finds on `network`'s chain, or None and why not."""
+    async def _read(self, network: NetworkInfo, reading: Reading,
+                    what: str = "balance") -> tuple[Holding | None, str]:
+        """The holding `reading` finds on `network`'s chain, or None and why not (`what` the
+        payer's it reads: its balance, its allowance)."""
         rpc = self._rpc_for(network.caip2) if self._rpc_for is not None else None
         if rpc is None:
-            return None, f"this gateway has no RPC to read balances on {network.caip2}"
+            return None, f"this gateway has no RPC to read {what}s on {network.caip2}"
         try:
             async with asyncio.timeout(self._timeout):
                 return await reading(rpc), ""
         except TimeoutError:
-            return None, f"the payer's balance could not be read within {self._timeout:g} s"
+            return None, f"the payer's {what} could not be read within {self._timeout:g} s"
         except (ProbeError, ValueError) as exc:
-            return None, f"the payer's balance could not be read ({type(exc).__name__})"
+            return None, f"the payer's {what} could not be read ({type(exc).__name__})"
         except Exception as exc:  # noqa: BLE001 - an explanation never turns a refusal into a 500
-            log.warning("reading a payer's balance failed: %s", type(exc).__name__)
-            return None, f"the payer's balance could not be read ({type(exc).__name__})"
+            log.warning("reading a payer's %s failed: %s", what, type(exc).__name__)
+            return None, f"the payer's {what} could not be read ({type(exc).__name__})"
 
     def _fund(self, network: NetworkInfo, payer: str, shortfall: int) -> str:
         """How the payer gets the USDC it lacks, then what to send."""
@@ -166,6 +212,39 @@ def _evm_balance(token: str, owner: str) -> Reading:
             raise UnexpectedAnswer("eth_call balanceOf: not one ABI word")
         return Holding(int(answer, 16))
     return read
+
+
+def _evm_allowance(token: str, owner: str) -> Reading:
+    """`token.allowance(owner, Permit2)` at the latest block."""
+    async def read(rpc: JsonRpc) -> Holding:
+        words = (a.lower().removeprefix("0x").rjust(64, "0") for a in (owner, evm.PERMIT2_ADDRESS))
+        data = "0x" + _ALLOWANCE + "".join(words)
+        answer = await rpc.call("eth_call", [{"to": token, "data": data}, "latest"])
+        if not isinstance(answer, str) or not _WORD.fullmatch(answer):
+            raise UnexpectedAnswer("eth_call allowance: not one ABI word")
+        return Holding(int(answer, 16))
+    return read
+
+
+def _permit2_spend(payload: Mapping[str, Any],
+                   requirement: PaymentRequirements) -> tuple[str, int, str] | None:
+    """Who must have approved Permit2, for how much (what the facilitator checks the allowance
+    against) and for what: a channel's deposit, its amount; an `exact` or `upto` permit, the
+    requirement's amount. None when the payload does not say."""
+    try:
+        if "deposit" in payload:
+            return (str(payload["channelConfig"]["payer"]), int(payload["deposit"]["amount"]),
+                    "the channel's deposit")
+        return str(payload["permit2Authorization"]["from"]), int(requirement.amount), "the call"
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _token_amount(atomic: int, token: str, network: NetworkInfo) -> str:
+    """USDC as USDC; another token (a Permit2 deposit's may be any ERC-20) in its atomic units."""
+    if token.lower() == network.usdc.lower():
+        return _usdc(atomic, network.decimals)
+    return f"{atomic} atomic units of {token}"
 
 
 def _svm_balance(account: str, mint: str) -> Reading:

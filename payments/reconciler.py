@@ -22,7 +22,8 @@ and a later pass releases once the key's mined nonce reached it (`probe_nonce_re
 the row shows no new attempt since. A remote facilitator's key is not ours: its payments keep the
 validBefore rule. An `upto` payment (a Permit2 permit) is proven the same way, more strongly: the
 upto proxy takes its settlement only from the facilitator its witness names, so when that is our
-key no one else can move it at all; a permit naming another account waits for its deadline. Only
+key no one else can move it at all; a permit naming another account waits for its deadline. A
+channel's Permit2 deposit names no facilitator, and is proven as an EIP-3009 authorization is. Only
 a pass proves early, and it takes rows under an owner of its own (`actor`), so a retry in this
 very process cannot settle the payment again between the proof and the release (a retry
 re-settles what is still open instead: `resolve`).
@@ -65,8 +66,10 @@ log = logging.getLogger(__name__)
 # clocks of replicas, the step from writing the intent to making the trace, a request of a dead
 # replica still on its way to the node.
 EARLY_MARGIN_SECONDS = 10.0
-# What a pass can prove unmoved early: an EIP-3009 authorization, and a Permit2 permit (`upto`),
-# whose witness names the one account that may settle it (the proof checks that it is ours).
+# What a pass can prove unmoved early: an EIP-3009 authorization, and a Permit2 permit. An `upto`
+# permit's witness names the one account that may settle it (the proof checks that it is ours);
+# a channel deposit's (its witness the channel id) names none: anyone holding it may submit it,
+# so it is proven as an EIP-3009 one is (no transaction of our key carries it or still can).
 EARLY_KINDS = frozenset({"eip3009", "permit2"})
 # The early proof holds the key's send lock, and every send from that key waits meanwhile: at
 # most this long, the wait for the lock included; past it the payment is asked about next pass.

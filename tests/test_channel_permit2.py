@@ -8,8 +8,8 @@ SDK's own unchanged batch-settlement client (its signer reading the chain over l
 - a payer who approved Permit2 once deposits by Permit2 (the ledger's chain reference is the
   permit, which the reconciler's probe finds used by the deposit's transaction; the payer's
   balance moves once, by the deposit), then pays vouchers, each charged what it used;
-- a payer who never approved Permit2 is refused with the facilitator's reason, and nothing moves
-  or is charged.
+- a payer who never approved Permit2 is refused with the facilitator's reason and a message
+  saying what to do (payments/payer_mistakes.py), and nothing moves or is charged.
 
 Then the reconciler (production pieces in process: `Gateway` over the SDK's in-process facilitator
 with the devnet's signer, `Reconciler` with `chain_asker` and `ChannelResolutions`, a real ledger
@@ -19,12 +19,16 @@ channel; nothing moved -> released, and the same payment deposits on its retry. 
 failpoint that raises `Crash` where `kill -9` would stop the process (tests/test_pending_resolution.py).
 Without the facilitator's key (a remote facilitator), the probe finds a deposit permit its payer
 invalidated, or one past its deadline, unable to move.
+
+At startup, an in-process facilitator settles channels by Permit2 only where the chain has
+Permit2 and the Permit2 deposit collector (payments/facilitators.py); ERC-3009 needs neither.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -71,10 +75,11 @@ from payments.channels.requirements import ChannelTerms
 from payments.channels.store import ChannelStore
 from payments.codec import decode_base64_any
 from payments.devnet.evm import EvmDevnet, load_artifact
-from payments.facilitators import in_process_facilitator
+from payments.facilitators import channel_contracts_deployed, in_process_facilitator
 from payments.leases import SettlementPolicy
 from payments.ledger import Ledger, sqlite_pragmas
 from payments.ledger_schema import PaymentState, payments_table
+from payments.money import atomic_to_usd, usd_text
 from payments.networks import lookup_network
 from payments.processor import PaymentProcessor, PayTo
 from payments.reconciler import EvmSender, Reconciler, chain_asker
@@ -220,14 +225,52 @@ def test_a_payer_who_never_approved_permit2_is_refused_and_charged_nothing(
     assert answer.status_code == 402, answer.text
     refused = PaymentRequired.model_validate(json.loads(decode_base64_any(
         answer.headers["PAYMENT-REQUIRED"])))
-    # the facilitator's reason (its allowance read), what a client keys on
-    assert refused.error == f"payment rejected: {bs.ERR_PERMIT2_ALLOWANCE_REQUIRED}"
+    # the facilitator's reason (its allowance read), what a client keys on, then what to do
+    assert (refused.error or "").startswith(
+        f"payment rejected: {bs.ERR_PERMIT2_ALLOWANCE_REQUIRED} (the payer ")
     assert answer.json()["reason"] == bs.ERR_PERMIT2_ALLOWANCE_REQUIRED
     assert "PAYMENT-RESPONSE" not in answer.headers
     assert evm.balance_of(payer.address) == FUNDS
     assert [r for r in gateway.ledger_rows(skill_id=MODEL)
             if r["payer"] == payer.address.lower()] == []
     assert len(upstream.requests) == ran  # the model never ran
+
+
+def test_the_sdk_client_of_a_payer_who_never_approved_permit2_is_told_what_to_do(
+        gateway: LiveServer, rpc_url: str, upstream: OpenAIUpstream) -> None:
+    """The SDK's own client, unchanged, signs a Permit2 deposit for a payer who never approved
+    Permit2: the answer it hands back (the refusal of that deposit) names the missing approval
+    with the figures read from the chain, and both ways out; nothing moved, nothing ran."""
+    evm = gateway.devnet.evm
+    payer: LocalAccount = Account.create()
+    evm.mint(payer.address, FUNDS)
+    [offer] = [o for o in quote(gateway).accepts if o.scheme == "batch-settlement"]
+    ran = len(upstream.requests)
+
+    async def call() -> httpx.Response:
+        async with x402HttpxClient(channel_client(payer, rpc_url), timeout=60) as http:
+            return await http.post(f"{gateway.url}{CHAT}", json=BODY)
+
+    answer = asyncio.run(call())
+    assert answer.status_code == 402, answer.text
+    assert answer.json()["reason"] == bs.ERR_PERMIT2_ALLOWANCE_REQUIRED
+    said = PaymentRequired.model_validate(json.loads(decode_base64_any(
+        answer.headers["PAYMENT-REQUIRED"]))).error or ""
+    # the SDK's client deposits the 402's minDeposit (above the price): the figure the message
+    # names beside the allowance it read, 0 (the facilitator's reason alone cannot tell)
+    needs = usd_text(atomic_to_usd(int(offer.extra["minDeposit"])))
+    assert int(offer.extra["minDeposit"]) > int(offer.amount)
+    assert re.search(rf"the payer {payer.address} has not approved Permit2 for the token "
+                     rf"on .*: its allowance for Permit2 is 0 USDC, the channel's deposit needs "
+                     rf"{re.escape(needs)} USDC; approve Permit2 \({PERMIT2_ADDRESS}\) for the "
+                     rf"token {offer.asset} once", said), said
+    assert "eip2612GasSponsoring or erc20ApprovalGasSponsoring extension" in said
+    assert said.endswith("then send the same request again. Nothing was charged)")
+    assert "PAYMENT-RESPONSE" not in answer.headers
+    assert evm.balance_of(payer.address) == FUNDS
+    assert [r for r in gateway.ledger_rows(skill_id=MODEL)
+            if r["payer"] == payer.address.lower()] == []
+    assert len(upstream.requests) == ran
 
 
 # ------------------------------------------------------------------ the reconciler, after a crash
@@ -458,3 +501,45 @@ async def test_a_permit2_deposit_its_payer_cancelled_or_that_expired_cannot_move
                           + f"{nonce >> 8:064x}{1 << (nonce & 0xFF):064x}")
         cancelled = await probe(ref, rpc)
         assert isinstance(cancelled, CannotMove) and "invalidated by its owner" in cancelled.reason
+
+
+# ------------------------------------------------------------------ startup: what the chain has
+
+
+def offered_deposit_method(chain: EvmDevnet, method: str) -> str | None:
+    """What a gateway over `chain` with PAYWIRE_CHANNEL_DEPOSIT_METHOD=`method` offers, as
+    agent/app.py assembles it with an in-process facilitator: its channel requirement's
+    `extra.assetTransferMethod`, or None when it offers no channel."""
+    network = lookup_network(EvmDevnet.NETWORK)
+    facilitator = in_process_facilitator([network], evm_signer=chain.facilitator_signer(),
+                                         workers=1, channel_deposit_method=method)
+    try:
+        terms = ChannelTerms(LocalAuthorizerSigner(Account.from_key(new_key())),
+                             deposit_method=method)
+        processor = PaymentProcessor(facilitator, [PayTo(network, PAY_TO, chain.USDC_ADDRESS)],
+                                     channels=terms)
+        processor.start()
+        requirement = processor.channel_requirement(EVM_NET)
+        return None if requirement is None else str(requirement.extra["assetTransferMethod"])
+    finally:
+        facilitator.close()
+
+
+@pytest.mark.parametrize("missing", [None, PERMIT2_ADDRESS, PERMIT2_DEPOSIT_COLLECTOR_ADDRESS],
+                         ids=["all", "no-permit2", "no-permit2-collector"])
+def test_channels_by_permit2_are_offered_only_where_permit2_and_its_collector_have_code(
+        missing: str | None) -> None:
+    """A deposit by Permit2 moves through Permit2 and the Permit2 deposit collector: on a chain
+    without either, channels by Permit2 are not offered (a payer's deposit could never move),
+    while channels by ERC-3009, whose deposits need neither, still are."""
+    chain = EvmDevnet(facilitator_key=new_key(), minter_key=new_key(),
+                      genesis_accounts={missing: {}} if missing else None)
+    signer = chain.facilitator_signer()
+    if missing is not None:
+        assert chain.w3.eth.get_code(missing) == b""
+    assert channel_contracts_deployed(signer, "permit2") is (missing is None)
+    assert channel_contracts_deployed(signer, "eip3009")
+    assert offered_deposit_method(chain, "permit2") == (None if missing else "permit2")
+    assert offered_deposit_method(chain, "eip3009") == "eip3009"
+    with pytest.raises(ValueError, match="unknown channel deposit method 'permit'"):
+        channel_contracts_deployed(signer, "permit")
