@@ -78,3 +78,12 @@ def live_database(request: pytest.FixtureRequest) -> LiveDatabase:
     if request.param == "sqlite":
         return LiveDatabase("sqlite")
     return LiveDatabase("postgresql", request.getfixturevalue("postgres_server"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh ledger database for one test, which runs on each: a SQLite file, then a fresh
+    schema on the session's PostgreSQL server (started only when a postgresql test runs)."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("postgres_server").fresh_url())

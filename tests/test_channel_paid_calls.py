@@ -47,6 +47,7 @@ from payments.codec import decode_base64_any
 from tests.support.evm_anvil import AnvilUsdc, anvil_missing, run_anvil
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.live_server import LiveServer, start_server
+from tests.support.openai_gateway import evm_rpc_url, openai_gateway
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, header
 from tests.test_a2a_chat import _chat_message
@@ -65,16 +66,14 @@ def upstream() -> Iterator[OpenAIUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("channels")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield server
-    server.stop()
+    with openai_gateway(tmp_path_factory.mktemp("channels"), upstream) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def rpc_url(gateway: LiveServer) -> Iterator[str]:
-    with JsonRpcHttpServer(gateway.devnet.evm.rpc) as server:
-        yield server.url
+    with evm_rpc_url(gateway) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ with the devnet's signer, `Reconciler` with `chain_asker` and `ChannelResolution
 on a SQLite file and on PostgreSQL) resolves a Permit2 deposit's intent left by a crash, as it
 resolves an EIP-3009 one: the deposit moved -> the call settled with paywire's own read of the
 channel; nothing moved -> released, and the same payment deposits on its retry. A crash is a
-failpoint that raises `Crash` where `kill -9` would stop the process (tests/test_pending_resolution.py).
+failpoint that raises `Crash` where `kill -9` would stop the process (tests/support/crashes.py).
 Without the facilitator's key (a remote facilitator), the probe finds a deposit permit its payer
 invalidated, or one past its deadline, unable to move.
 
@@ -30,11 +30,10 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -61,7 +60,6 @@ from agent.pipeline.gateway import Gateway
 from agent.pipeline.outcomes import Delivered, PaymentDemanded
 from agent.pipeline.paid import ChannelServices
 from agent.pipeline.requests import CallRequest, Payment
-from payments import failpoints
 from payments.chain_probe import (
     CLOCK_SKEW_SECONDS,
     CannotMove,
@@ -85,8 +83,9 @@ from payments.processor import PaymentProcessor, PayTo
 from payments.reconciler import EvmSender, Reconciler, chain_asker
 from skills.registry import SkillRegistry
 from skills.skill import Payload, Skill, SkillResult
-from tests.support.jsonrpc_http import JsonRpcHttpServer
-from tests.support.live_server import LiveServer, start_server
+from tests.support.crashes import Crash, crash_at
+from tests.support.live_server import LiveServer
+from tests.support.openai_gateway import evm_rpc_url, openai_gateway
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, header
 from tests.support.x402_devnet import X402Chain, new_key, x402_chain
@@ -136,16 +135,14 @@ def upstream() -> Iterator[OpenAIUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("permit2-channels")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai", **PERMIT2_ENV})
-    yield server
-    server.stop()
+    with openai_gateway(tmp_path_factory.mktemp("permit2-channels"), upstream, **PERMIT2_ENV) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def rpc_url(gateway: LiveServer) -> Iterator[str]:
-    with JsonRpcHttpServer(gateway.devnet.evm.rpc) as server:
-        yield server.url
+    with evm_rpc_url(gateway) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
@@ -280,25 +277,7 @@ PRICE = 10_000  # atomic USDC: $0.01, the echo skill's fixed price
 MIN_DEPOSIT = 100_000  # atomic: what the channel terms ask a deposit to be at least
 
 
-class Crash(BaseException):
-    """The process died here (what `kill -9` at a failpoint does): nothing after it runs."""
 
-
-@contextmanager
-def crash_at(point: str) -> Iterator[None]:
-    """The process dies at failpoint `point` (in whichever thread reaches it)."""
-    assert point in failpoints.POINTS
-    original = failpoints.reached
-
-    def reached(name: str) -> None:
-        if name == point:
-            raise Crash(name)
-
-    failpoints.reached = reached  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        failpoints.reached = original  # type: ignore[assignment]
 
 
 async def _echo(payload: Payload) -> SkillResult:
@@ -319,12 +298,6 @@ def devnet_chain() -> Iterator[X402Chain]:
     with x402_chain("devnet") as chain:
         yield chain
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgres_server").fresh_url())
 
 
 @dataclass

@@ -29,7 +29,6 @@ from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -93,12 +92,6 @@ def devnet_chain() -> Iterator[X402Chain]:
     with x402_chain("devnet") as chain:
         yield chain
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgres_server").fresh_url())
 
 
 async def _echo(payload: Payload) -> SkillResult:

@@ -45,7 +45,8 @@ from payments.codec import decode_base64_any
 from payments.payer import ChannelOptions, PayerKeys, pay
 from payments.payer_channels import ChannelPayer, EscrowCap
 from payments.spend_caps import SpendLedger
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer
+from tests.support.openai_gateway import openai_gateway
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import header
 from tests.support.served_process import ROOT
@@ -66,10 +67,8 @@ def upstream() -> Iterator[OpenAIUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("pay-channels")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield server
-    server.stop()
+    with openai_gateway(tmp_path_factory.mktemp("pay-channels"), upstream) as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)

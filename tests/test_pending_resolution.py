@@ -27,7 +27,6 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,7 +40,7 @@ from x402.schemas import PaymentPayload
 from agent.pipeline.gateway import Gateway
 from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
 from agent.pipeline.requests import CallRequest, Payment
-from payments import broadcast_trace, failpoints
+from payments import broadcast_trace
 from payments.broadcast_trace import BroadcastTrace, SendWindowClosed, Sent, current_trace
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
 from payments.devnet.evm import load_artifact
@@ -56,6 +55,7 @@ from payments.send_lock import SendLock, send_lock_for
 from payments.signers import ResilientFacilitatorWeb3Signer
 from skills.registry import SkillRegistry
 from skills.skill import Payload, Skill, SkillResult
+from tests.support.crashes import Crash, crash_at
 from tests.support.evm_anvil import AnvilNode, AnvilUsdc, anvil_missing, run_anvil
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.paying import client_for
@@ -73,9 +73,6 @@ WINDOW, MARGIN = 1.5, 0.5  # the send window and the reconciler's margin; the de
 RECEIPT_WAIT = 1.0  # the in-process facilitator's receipt wait (PAYWIRE_SETTLEMENT_RECEIPT_...)
 ABI = load_artifact()["abi"]
 
-
-class Crash(BaseException):
-    """The process died here (what `kill -9` at a failpoint does): nothing after it runs."""
 
 
 def _key() -> str:
@@ -106,12 +103,6 @@ def chain() -> Iterator[AnvilUsdc]:
     with run_anvil() as node:
         yield AnvilUsdc(node, facilitator_key=_key(), minter_key=_key())
 
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
-    return str(request.getfixturevalue("postgres_server").fresh_url())
 
 
 class CountingLock:
@@ -279,21 +270,6 @@ async def world(chain: AnvilUsdc, url: str) -> AsyncIterator[World]:
             await replica.close()
 
 
-@contextmanager
-def crash_at(point: str) -> Iterator[None]:
-    """The process dies at failpoint `point` (in whichever thread reaches it)."""
-    assert point in failpoints.POINTS
-    original = failpoints.reached
-
-    def reached(name: str) -> None:
-        if name == point:
-            raise Crash(name)
-
-    failpoints.reached = reached  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        failpoints.reached = original  # type: ignore[assignment]
 
 
 async def row_of(replica: Replica, paid: Signed) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from eth_account.signers.local import LocalAccount
 from x402.schemas import PaymentRequired
 
 from payments.codec import decode_base64_any
-from tests.support.jsonrpc_http import JsonRpcHttpServer
-from tests.support.live_server import LiveServer, start_server
+from tests.support.live_server import LiveServer
+from tests.support.openai_gateway import evm_rpc_url, openai_gateway
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET
 from tests.test_upto_paid_calls import FUNDS, approved_payer, usage_price
@@ -52,16 +52,14 @@ def upstream() -> Iterator[OpenAIUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, upstream: OpenAIUpstream) -> Iterator[LiveServer]:
-    server = start_server(Path(tmp_path_factory.mktemp("x402-fetch")), env={
-        "OPENAI_BASE_URL": upstream.url, "OPENAI_API_KEY": "sk-test-openai"})
-    yield server
-    server.stop()
+    with openai_gateway(tmp_path_factory.mktemp("x402-fetch"), upstream) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def rpc_url(gateway: LiveServer) -> Iterator[str]:
-    with JsonRpcHttpServer(gateway.devnet.evm.rpc) as server:
-        yield server.url
+    with evm_rpc_url(gateway) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
