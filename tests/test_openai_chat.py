@@ -26,6 +26,7 @@ from skills.models.chat import chat_price
 from tests.support.live_server import start_server
 from tests.support.model_env import Env
 from tests.support.openai_upstream import OpenAIUpstream
+from tests.support.polling import stream_recorded, until
 
 pytestmark = pytest.mark.usefixtures("reset_upstreams")  # fixtures: tests/support/model_env.py
 
@@ -260,7 +261,8 @@ def test_a_stream_records_the_upstreams_usage_even_when_the_caller_did_not_ask_f
     upstream = [q for q in (*env.primary.requests, *env.fallback.requests)
                 if q.path.endswith("/chat/completions")][-1]
     assert upstream.json["stream_options"] == {"include_usage": True}  # asked for the ledger's sake
-    row = env.gateway.ledger_rows(skill_id="gpt-4o-mini", state="settled")[-1]
+    row = until(lambda: stream_recorded(lambda: env.gateway.ledger_rows(
+        skill_id="gpt-4o-mini", state="settled")), "the stream's end recorded")
     usage = row["usage"]
     assert usage["delivery"] == "complete" and usage["chunks"] == len(chunks)
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0

@@ -38,6 +38,7 @@ from skills.models.token_quotes import MIN_USD
 from skills.models.upstream import Target, UpstreamClient
 from tests.support.model_env import Env
 from tests.support.openai_upstream import embedding_vector, reply_text
+from tests.support.polling import stream_recorded, until
 
 pytestmark = pytest.mark.usefixtures("reset_upstreams")  # fixtures from tests/support/model_env.py
 
@@ -127,7 +128,8 @@ def test_completion_streams_text_completion_chunks(env: Env) -> None:
     assert quote > MIN_USD
     assert env.balance() - before == usd_to_atomic(quote)
     assert env.primary.stream_finished.is_set()
-    row = env.gateway.ledger_rows(skill_id=COMPLETION_MODEL, state="settled")[-1]
+    row = until(lambda: stream_recorded(lambda: env.gateway.ledger_rows(
+        skill_id=COMPLETION_MODEL, state="settled")), "the stream's end recorded")
     assert row["usage"]["delivery"] == "complete"
 
 

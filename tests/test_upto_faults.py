@@ -47,6 +47,7 @@ from tests.faults.harness import SETTLEMENT_ENV, Gateway
 from tests.support.evm_anvil import AnvilNode, AnvilUsdc, anvil_missing, run_anvil
 from tests.support.live_server import LedgerReader, LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream, reply_text
+from tests.support.polling import until
 from tests.support.postgres import PostgresServer
 from tests.support.upto import (
     FUNDS,
@@ -56,7 +57,6 @@ from tests.support.upto import (
     ledger_row,
     quote,
     settled_row,
-    until,
     upto_gateway,
     upto_payment,
     usage_price,

@@ -24,6 +24,7 @@ from payments.codec import decode_base64_any
 from tests.support.live_server import LiveServer
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, sign
+from tests.support.polling import until
 from tests.support.upto import (
     BODY,
     FUNDS,
@@ -33,7 +34,6 @@ from tests.support.upto import (
     ledger_row,
     quote,
     settled_row,
-    until,
     upto_gateway,
     upto_payment,
     usage_price,

@@ -7,12 +7,11 @@ fixtures (a fixture imported across test modules shadows theirs, ruff F811)."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from eth_account import Account
@@ -32,8 +31,6 @@ from skills.models.token_quotes import MILLION, MIN_USD
 from tests.support.live_server import LiveServer, start_server
 from tests.support.openai_upstream import OpenAIUpstream
 from tests.support.paying import EVM_NET, header
-
-T = TypeVar("T")
 
 MODEL = "gpt-4o"
 BODY = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in one word."}]}
@@ -107,15 +104,6 @@ def ledger_row(gateway: LiveServer, payer: str) -> dict[str, Any]:
     """The payer's one ledger row for a MODEL call."""
     [row] = [r for r in gateway.ledger_rows(skill_id=MODEL) if r["payer"] == payer.lower()]
     return row
-
-
-def until(condition: Callable[[], T | None], what: str, timeout: float = 20) -> T:
-    """Poll `condition` until it gives something; AssertionError naming `what` past the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling the ledger with a deadline
-    return value
 
 
 def settled_row(gateway: LiveServer, payer: str) -> dict[str, Any] | None:
