@@ -604,7 +604,9 @@ def kill_during_a_refund(deployment: Deployment) -> None:
     refund_killed(deployment, opened.refund(5 * price, second))
     assert (onchain(deployment, cid)[0], refund_nonce(deployment, cid)) == (
         opened.deposit - first - second, 2)
-    assert channel_row(deployment, cid)["state"] == "closing"
+    # held (closing) until a claimer's mirror sees refundNonce moved: the dead process's own
+    # claimer may have seen it while the refund's receipt was awaited, before the kill
+    assert channel_row(deployment, cid)["state"] in ("closing", "open")
     gateway.start()
     quiet = time.monotonic()
     assert until(lambda: channel_row(deployment, cid)["state"] == "open", quiet + RECOVERY_SECONDS), \
