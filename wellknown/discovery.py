@@ -56,8 +56,8 @@ class Entry:
 
 
 class Listing:
-    """The paid routes in catalogue order (the /v1 model routes first), rebuilt when the registry
-    grows; what is available (switches change at run time) is applied per request."""
+    """The paid routes in catalogue order (the /v1 model routes first), rebuilt when the registry's
+    version moves; what is available (switches change at run time) is applied per request."""
 
     def __init__(self, gateway: Gateway, routes: Sequence[HttpRoute]) -> None:
         self._gateway = gateway
@@ -67,8 +67,8 @@ class Listing:
 
     def entries(self) -> list[Entry]:
         catalogue = self._gateway.catalogue
-        if self._built is None or self._built[0] != len(catalogue):
-            self._built = (len(catalogue), self._build())
+        if self._built is None or self._built[0] != catalogue.version:
+            self._built = (catalogue.version, self._build())
         # what a call can buy now (the catalogue's one rule): not switched off, configured here
         return [e for e in self._built[1] if e.skill is None or catalogue.available(e.skill)]
 

@@ -12,7 +12,7 @@ Generated from what the routes themselves use, so it cannot drift from them:
 
 Paid operations carry `security: [{x402: []}]` (scheme `X402`: pay with a `PAYMENT-SIGNATURE` or
 `X-PAYMENT` header, as the 402's `PAYMENT-REQUIRED` header asks); free ones `security: []`. The
-document is built once per registry state (the registry only grows: its size identifies it).
+document is built once per registry version (it moves when a skill is added, replaced or removed).
 """
 
 from __future__ import annotations
@@ -686,10 +686,10 @@ class OpenApiDocument:
     def cached(self) -> bytes | None:
         """The document if it is current, else None (build it with `current`)."""
         built = self._built
-        return built[1] if built is not None and built[0] == len(self._gateway.catalogue) else None
+        return built[1] if built is not None and built[0] == self._gateway.catalogue.version else None
 
     def current(self) -> bytes:
-        state = len(self._gateway.catalogue)
+        state = self._gateway.catalogue.version
         built = self._built
         if built is None or built[0] != state:
             document = build_document(self._gateway, self._base_url, self._surface)

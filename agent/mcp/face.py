@@ -109,9 +109,10 @@ class ToolTarget:
 
 @dataclass
 class ToolTable:
-    """Every tool, built once per registry size (the registry only grows)."""
+    """Every tool, built once per catalogue generation (the registry's version and the
+    operator's switches)."""
 
-    size: int
+    size: tuple[int, int]
     tools: list[types.Tool] = field(default_factory=list)
     targets: dict[str, ToolTarget] = field(default_factory=dict)
 

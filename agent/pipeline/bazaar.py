@@ -4,8 +4,8 @@ specs/extensions/bazaar.md), built with the SDK's own helpers.
 
 A face describes each paid route once (`HttpRoute`: its path, body type, and the body schema and
 example when they are the route's rather than the skill's); `Bazaar.extension` builds the
-extension for a route and skill on first use and keeps it (the registry only grows and a skill
-never changes): a 402 costs a dictionary lookup. The description is:
+extension for a route and skill on first use and keeps it while the registry's version stands
+(a skill replaced or removed moves it): a 402 costs a dictionary lookup. The description is:
 
 - `info.input`: method, body type, an example body (the skill's first example; on a /v1 model
   route the route's example naming its first available model) and, in `schema`, the body's JSON
@@ -111,15 +111,19 @@ class Bazaar:
     def __init__(self, catalogue: Catalogue, max_bytes: int = MAX_BYTES) -> None:
         self._catalogue = catalogue
         self._max_bytes = max_bytes
+        # per registry version (a skill replaced or removed is described again)
         self._built: dict[tuple[str, str | None, str | None], dict[str, Any]] = {}
-        # per model operation, while the registry keeps its size: its terms over all its models,
-        # and the model its example names (both walk every model)
+        self._built_version = catalogue.version
+        # per model operation, while the registry keeps its version: its terms over all its
+        # models, and the model its example names (both walk every model)
         self._routes: dict[str, tuple[int, PriceTerms | None, Skill | None]] = {}
 
     def extension(self, route: HttpRoute, skill: Skill | None) -> dict[str, Any]:
         """`{"bazaar": {...}}` for a 402 on `route` (for `skill`; None or a shared route: for the
         route itself). Never raises: a description that cannot be built is left out (logged)."""
         key = (route.path, None if route.shared or skill is None else skill.id, route.operation)
+        if self._built_version != self._catalogue.version:
+            self._built, self._built_version = {}, self._catalogue.version
         found = self._built.get(key)
         if found is None:
             try:
@@ -146,7 +150,7 @@ class Bazaar:
         return self._route(operation)[2] if operation else None
 
     def _route(self, operation: str) -> tuple[int, PriceTerms | None, Skill | None]:
-        size = len(self._catalogue)
+        size = self._catalogue.version
         found = self._routes.get(operation)
         if found is None or found[0] != size:
             serving = [s for s in self._catalogue.of_kind("model") if operation in s.operations]

@@ -76,16 +76,16 @@ def sellable(skill: Skill) -> bool:
 
 
 class Catalogue:
-    """The skills for sale, in registry order. The registry only grows, so its size identifies
-    its state (faces cache what they render from it by that; `generation` also counts the
-    operator's switches, for what shows availability)."""
+    """The skills for sale, in registry order. The registry's `version` identifies its state
+    (faces cache what they render from it by that; `generation` adds the operator's switches,
+    for what shows availability)."""
 
     def __init__(self, registry: SkillRegistry, controls: Controls | None = None,
                  payment_options: Sequence[PaymentOption] = ()) -> None:
         self._registry = registry
         self._controls = controls
         self.payment_options = tuple(payment_options)  # the networks and assets a payment may use
-        # why each skill cannot run as configured (None: it can), per registry size: the settings
+        # why each skill cannot run as configured (None: it can), per registry version: the settings
         # a skill reads are fixed at startup, and a resource's model may be registered after it
         self._problems: tuple[int, dict[str, str | None]] = (-1, {})
 
@@ -119,16 +119,20 @@ class Catalogue:
         return [s for s in skills if self.available(s)]
 
     @property
-    def generation(self) -> int:
-        """Changes whenever the registry grows or the operator's switches change: both only ever
-        increase (a size, a change counter), so their sum does too. Listings that show availability
-        cache by it."""
-        return len(self._registry) + (self._controls.current.version + 1 if self._controls else 0)
+    def version(self) -> int:
+        """The registry's version: moves whenever a skill is added, replaced or removed."""
+        return self._registry.version
+
+    @property
+    def generation(self) -> tuple[int, int]:
+        """(the registry's version, the operator's switches' version): changes whenever either
+        does. Listings that show availability cache by it."""
+        return (self._registry.version, self._controls.current.version if self._controls else 0)
 
     def _problem(self, skill: Skill) -> str | None:
-        size, problems = self._problems
-        if size != len(self._registry):
-            size, problems = self._problems = (len(self._registry), {})
+        version, problems = self._problems
+        if version != self._registry.version:
+            version, problems = self._problems = (self._registry.version, {})
         if skill.id not in problems:
             problems[skill.id] = unconfigured(skill)
         return problems[skill.id]
