@@ -71,7 +71,7 @@ from payments.networks import lookup_network
 from payments.processor import PaymentProcessor, PayTo
 from skills.registry import SkillRegistry
 from skills.skill import Payload, Skill, SkillResult
-from tests.pipeline.harness import Pipeline
+from tests.pipeline.harness import ledger_down
 from tests.support.jsonrpc_http import JsonRpcHttpServer
 from tests.support.x402_devnet import X402Chain, new_key, x402_chain
 
@@ -468,10 +468,9 @@ async def test_a_refund_that_landed_is_a_200_when_the_ledger_is_down_at_its_end(
     cid, charged, deposit = opened.channel_id, opened.charged, opened.deposit
     amount = (deposit - charged) // 3
     with ExitStack() as outage:
-        # the database stops once the refund was sent: `end_refund` fails (OperationalError);
-        # tests/pipeline/harness.py's outage, which needs only the ledger
+        # the database stops once the refund was sent: `end_refund` fails (OperationalError)
         at_failpoint(monkeypatch, "channel_refund_after_broadcast",
-                     lambda: outage.enter_context(Pipeline.ledger_down(r)))  # type: ignore[arg-type]
+                     lambda: outage.enter_context(ledger_down(r.ledger)))
         refunded = answer(await r.call(opened.refund(amount)))
     assert refunded.status == 200, refunded.body
     receipt = refunded.receipt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -105,26 +105,9 @@ class Pipeline:
             await conn.execute(update(payments_table).values(
                 lease_until=datetime.now(UTC) - timedelta(seconds=1)))
 
-    @contextmanager
-    def ledger_down(self) -> Iterator[None]:
-        """Every statement on the ledger's database fails while the block runs, as on a server
-        that stopped: OperationalError, connection refused (an inline SQLite ledger's own engine
-        too)."""
-        engines = [self.ledger.engine.sync_engine]
-        if self.ledger.commits_inline:
-            engines.append(self.ledger._sync)  # type: ignore[arg-type]  # noqa: SLF001
-
-        def refuse(*_args: Any) -> None:
-            raise OperationalError("(the database is down)", None,
-                                   ConnectionRefusedError(111, "Connection refused"))
-
-        for engine in engines:
-            event.listen(engine, "before_cursor_execute", refuse)
-        try:
-            yield
-        finally:
-            for engine in engines:
-                event.remove(engine, "before_cursor_execute", refuse)
+    def ledger_down(self) -> AbstractContextManager[None]:
+        """The ledger's database down while the block runs (`ledger_down` below)."""
+        return ledger_down(self.ledger)
 
     @staticmethod
     async def bookkeeping_done() -> None:
@@ -157,3 +140,24 @@ async def build_pipeline(database_url: str) -> tuple[Pipeline, Any]:
             registry.add(skill)
     gateway = Gateway(registry, processor, ledger, policy=policy, reconciler=reconciler)
     return Pipeline(gateway, ledger, facilitator, upstream, registry, reconciler), engine
+
+
+@contextmanager
+def ledger_down(ledger: Ledger) -> Iterator[None]:
+    """Every statement on `ledger`'s database fails while the block runs, as on a server that
+    stopped: OperationalError, connection refused (an inline SQLite ledger's own engine too)."""
+    engines = [ledger.engine.sync_engine]
+    if ledger.commits_inline:
+        engines.append(ledger._sync)  # type: ignore[arg-type]  # noqa: SLF001
+
+    def refuse(*_args: Any) -> None:
+        raise OperationalError("(the database is down)", None,
+                               ConnectionRefusedError(111, "Connection refused"))
+
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", refuse)
+    try:
+        yield
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", refuse)

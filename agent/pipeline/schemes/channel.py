@@ -306,7 +306,6 @@ class ChannelSettlement(OnchainSettlement):
         return pending(paid.t, row.network, row.tx_hash, self.services.policy.pending_retry_seconds)
 
 
-
 class _AfterDeposit:
     """A deposit stream's settlement at its end: the charge committed on the deposit that moved
     before its first byte, with the channel read again (a claim or a withdrawal may have come
