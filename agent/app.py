@@ -26,6 +26,7 @@ from agent import hygiene
 from agent.a2a.http import A2AHttpLayer
 from agent.edge.http_io import HttpProblem, OriginGuard, edge_error
 from agent.edge.origins import own_origins
+from agent.federated import build_federation
 from agent.mcp.face import McpFace
 from agent.observability.metrics import STATE_KEY, Metrics, Observer, RequestObserver, metrics_route
 from agent.pipeline.gateway import Gateway
@@ -33,6 +34,7 @@ from agent.pipeline.paid import ChannelServices
 from agent.settings import ConfigError, Settings
 from agent.version import VERSION
 from compat import marketplace, openai_api
+from federation.runtime import Federation
 from payments.chain_fees import ChainFeeMeter
 from payments.chain_probe import HttpJsonRpc, InProcessRpc, JsonRpc
 from payments.channels.claimer import ChannelClaimer, ClaimPolicy
@@ -88,6 +90,7 @@ class Runtime:
     refunds: RefundPolicy | None = None  # Solana refunds: the receipt's note (`refund_note`)
     fee_meter: ChainFeeMeter | None = None  # the chain fees' meter (its background task's)
     claimer: ChannelClaimer | None = None  # channels' claims and sweeps (None: channels off)
+    federation: Federation | None = None  # other sellers' resources resold (federation/)
 
 
 class ServerTimingTotal:
@@ -493,8 +496,11 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         gateway.services.channels.wake_claimer = claimer.wake  # a commit made a channel due
     # help lists what the catalogue sells now (the one availability rule)
     registry.add(make_help_skill(gateway.catalogue.for_sale, f"{settings.base_url}/api/marketplace/apis"))
+    federation, outgoing = build_federation(
+        settings, ledger, registry, chain_rpcs, policy.owner,
+        devnet_base=settings.base_url if devnet is not None else None)
     runtime = Runtime(settings, engine, ledger, registry, processor, gateway, devnet, upstreams,
-                      metrics, refund_policy, fee_meter, claimer)
+                      metrics, refund_policy, fee_meter, claimer, federation)
     card_factory = agent_card.cached_card_factory(
         gateway.catalogue, [f"{n.label or n.v1_name} ({n.caip2})" for n in processor.networks],
         base_url=settings.base_url, version=VERSION, max_skills=settings.card_max_skills)
@@ -508,6 +514,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         await ensure_current(engine)
         await initialize_task_store(task_store)  # the a2a SDK's `tasks` table: not migrated
         await controls.refresh()  # the operator's switches and deny list hold from the first call
+        await federation.start()  # the imported resources the ledger holds are sold at once
         asking = None if processor.ready else asyncio.create_task(
             processor.keep_starting(max_delay=settings.facilitator_retry_max_seconds))
         # Replicas sharing a database take turns sending from a shared facilitator key.
@@ -533,7 +540,11 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
                       asyncio.create_task(fee_meter.run_forever()),
                       asyncio.create_task(controls.run_forever()),
                       # channels' claims and sweeps (one replica a turn)
-                      *([asyncio.create_task(claimer.run_forever())] if claimer is not None else [])]
+                      *([asyncio.create_task(claimer.run_forever())] if claimer is not None else []),
+                      # federation: sources refreshed (one replica a turn), the registry follows;
+                      # upstream payments nobody is finishing resolved from the chain
+                      asyncio.create_task(federation.run_forever()),
+                      asyncio.create_task(outgoing.run_forever())]
         async with mcp.running():  # the MCP SDK's task group: each /mcp request's server runs in it
             yield
         for task in [*background, *([asking] if asking is not None else [])]:
@@ -548,6 +559,7 @@ def create_app(settings: Settings, *, devnet: Any | None = None) -> Starlette:
         await processor.aclose()
         await upstreams.aclose()
         await resources.aclose()
+        await federation.aclose()
         ledger.close()
         await engine.dispose()
 

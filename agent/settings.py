@@ -391,6 +391,68 @@ class Settings(_FromEnvironment):
         "PAYWIRE_CHANNEL_SETTLE_INTERVAL_SECONDS", 300.0, "the longest claimed funds wait to be "
         "moved to the pay-to address (the sweep)")
 
+    # --- federation: other x402 sellers' resources resold (issue 24; federation/, docs/federation.md)
+    federate: str | None = _var(
+        "PAYWIRE_FEDERATE", None, "discovery catalogues to import resources from (a facilitator's "
+        "/discovery/resources, a seller's /.well-known/x402), comma or space separated; "
+        "`seller:URL` probes one seller's resource unpaid instead; more with `paywire federation add`",
+        accepts="http(s) URLs, each optionally prefixed with seller:")
+    federation_margin_percent: Decimal = _var(
+        "PAYWIRE_FEDERATION_MARGIN_PERCENT", Decimal(10), "what an imported resource's price adds "
+        "to its upstream's, in percent (plus PAYWIRE_FEDERATION_MARGIN_USD); rounded up to the "
+        "atomic unit", accepts="a percent from 0 to 1000, such as 10", ge=0, le=1000,
+        allow_inf_nan=False)
+    federation_margin_usd: Decimal = _var(
+        "PAYWIRE_FEDERATION_MARGIN_USD", Decimal(0), "a fixed amount added to every imported "
+        "resource's price (USD)", accepts="a USD amount from 0 to 1000, such as 0.001", ge=0,
+        le=1000, allow_inf_nan=False)
+    federation_categories: str | None = _var(
+        "PAYWIRE_FEDERATION_CATEGORIES", None, "import only offers in one of these categories "
+        "(from PAYWIRE_FEDERATE)", accepts="comma-separated category names")
+    federation_keywords: str | None = _var(
+        "PAYWIRE_FEDERATION_KEYWORDS", None, "import only offers whose name, description or URL "
+        "holds one of these words", accepts="comma-separated words")
+    federation_networks: str | None = _var(
+        "PAYWIRE_FEDERATION_NETWORKS", None, "import only offers payable on one of these networks",
+        accepts="comma-separated network names, such as base,solana")
+    federation_max_upstream_price_usd: Decimal | None = _var(
+        "PAYWIRE_FEDERATION_MAX_UPSTREAM_PRICE_USD", None, "import only offers whose upstream "
+        "price is at most this (USD)", accepts="a USD amount above 0", gt=0, le=1_000_000,
+        allow_inf_nan=False)
+    federation_allow_sellers: str | None = _var(
+        "PAYWIRE_FEDERATION_ALLOW_SELLERS", None, "import only from these sellers",
+        accepts="comma-separated host names or origins (https://host:port)")
+    federation_deny_sellers: str | None = _var(
+        "PAYWIRE_FEDERATION_DENY_SELLERS", None, "never import from these sellers",
+        accepts="comma-separated host names or origins (https://host:port)")
+    federation_payer_key: SecretStr | None = _key(
+        "PAYWIRE_FEDERATION_PAYER_KEY", "the operator wallet that pays upstream sellers for "
+        "imported resources: an EVM key (0x + 64 hex) and/or a Solana secret key (base58), comma "
+        "separated, one per chain family; unset: imported resources are listed but answer 503")
+    federation_max_per_call_usd: Decimal = _var(
+        "PAYWIRE_FEDERATION_MAX_PER_CALL_USD", Decimal(1), "the most one upstream payment may be "
+        "(USD)", accepts="a USD amount above 0", gt=0, le=1_000_000, allow_inf_nan=False)
+    federation_max_per_seller_day_usd: Decimal = _var(
+        "PAYWIRE_FEDERATION_MAX_PER_SELLER_DAY_USD", Decimal(10), "the most paid to one seller "
+        "per UTC day (USD)", accepts="a USD amount above 0", gt=0, le=1_000_000,
+        allow_inf_nan=False)
+    federation_max_per_day_usd: Decimal = _var(
+        "PAYWIRE_FEDERATION_MAX_PER_DAY_USD", Decimal(50), "the most paid to all sellers per UTC "
+        "day (USD)", accepts="a USD amount above 0", gt=0, le=1_000_000, allow_inf_nan=False)
+    federation_refresh_seconds: float = _seconds(
+        "PAYWIRE_FEDERATION_REFRESH_SECONDS", 3600.0, "how often the sources are fetched again "
+        "(by one replica); every replica follows within PAYWIRE_CONTROLS_REFRESH_SECONDS")
+    federation_allow_networks: str | None = _var(
+        "PAYWIRE_FEDERATION_ALLOW_NETWORKS", None, "networks federation may reach besides public "
+        "addresses (a devnet on loopback: 127.0.0.1/32); cloud metadata addresses never",
+        accepts="comma-separated CIDRs, such as 127.0.0.1/32")
+    federation_timeout_seconds: float = _seconds(
+        "PAYWIRE_FEDERATION_TIMEOUT_SECONDS", 30.0, "how long an upstream seller has to answer a "
+        "request (a catalogue page, a probe, a paid call)")
+    federation_max_answer_bytes: int = _whole(
+        "PAYWIRE_FEDERATION_MAX_ANSWER_BYTES", 10 * 2**20, "the largest answer taken from an "
+        "upstream seller (bytes)", least=1024, most=100 * 2**20)
+
     # --- chain fees: what paywire's transactions paid, read from the chain (payments/chain_fees.py)
     chain_fees_interval_seconds: float = _seconds(
         "PAYWIRE_CHAIN_FEES_INTERVAL_SECONDS", 60.0, "how often the fees of new transactions "
@@ -683,10 +745,45 @@ class Settings(_FromEnvironment):
     def _cross_checks(self) -> Settings:
         problems = (self._devnet_problems() if self.devnet
                     else self._production_problems() + self._refund_problems()
-                    + self._channel_problems())
+                    + self._channel_problems()) + self._federation_problems()
         if problems:
             raise _Problems(problems)
         return self
+
+    def _federation_problems(self) -> list[str]:
+        """Sources, filters and the upstream wallet as federation/config.py reads them."""
+        from federation import config
+        from federation.model import Margin
+
+        problems = []
+        try:
+            config.env_sources(self.federate, self.federation_filters(), Margin())
+        except ValueError as exc:  # a network name, or a source that is not a URL
+            problems.append(str(exc))
+        key = self.secret("federation_payer_key")
+        if key:
+            try:
+                config.payer_keys(key)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if self.federation_max_per_call_usd > self.federation_max_per_seller_day_usd:
+            problems.append("PAYWIRE_FEDERATION_MAX_PER_CALL_USD is above "
+                            "PAYWIRE_FEDERATION_MAX_PER_SELLER_DAY_USD: no call could be paid")
+        return problems
+
+    def federation_filters(self) -> Any:
+        """The filters PAYWIRE_FEDERATE's sources are imported with (federation.model.Filters);
+        ValueError naming a network that is not one."""
+        from federation.config import filters_of
+
+        try:
+            return filters_of(categories=self.federation_categories,
+                              keywords=self.federation_keywords, networks=self.federation_networks,
+                              max_upstream_usd=self.federation_max_upstream_price_usd,
+                              allow_sellers=self.federation_allow_sellers,
+                              deny_sellers=self.federation_deny_sellers)
+        except ValueError as exc:
+            raise ValueError(f"PAYWIRE_FEDERATION_NETWORKS names an {exc}") from None
 
     def _is_set(self, variable: str) -> bool:
         value = getattr(self, _FIELD_OF[variable])

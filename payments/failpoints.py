@@ -25,6 +25,8 @@ POINTS = frozenset({
     "claim_after_broadcast",  # the facilitator answered a channel claim, before the ledger knows
     "channel_refund_after_begin",  # a channel refund holds its channel, nothing sent
     "channel_refund_after_broadcast",  # the facilitator answered a channel refund, before the ledger knows
+    "federation_after_signed",  # an upstream payment is signed and stored, not sent
+    "federation_after_upstream_paid",  # the upstream's answer is kept, the caller not yet settled
 })
 
 

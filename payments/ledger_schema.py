@@ -28,6 +28,16 @@ paywire_claim_rows     which channels a claim covers, and up to what running tot
 paywire_chain_fees     one row per on-chain transaction paywire's payments cause (settlements,
                        Solana refunds, channel deposits, claims, sweeps, cooperative refunds): its
                        fee, read from the chain after the fact by payments/chain_fees.py
+paywire_federation_sources   where resources are imported from (federation/store.py): a
+                       catalogue or one seller, its filters and margin, its last refresh
+paywire_federated_resources  the resources imported from them, as sold (price included)
+paywire_federation_version   one row: a counter bumped by every change of what is imported, so
+                       replicas reload their registry with one tiny query
+paywire_outgoing_payments    what paywire pays upstream sellers for federated calls: an intent
+                       per caller's payment row, written before anything is signed; the signed
+                       payment before it is sent; the seller's answer once paid
+paywire_federation_spend     what the outgoing payments of a UTC day reserve against the caps,
+                       per seller and for all sellers ('*')
 """
 
 from __future__ import annotations
@@ -465,4 +475,122 @@ claim_rows_table = Table(
     Column("claim_to_atomic", BigInteger, nullable=False),
     Column("voucher_max_atomic", BigInteger, nullable=False),
     Index("ix_claim_rows_channel", "channel_id"),  # whether a channel is in an open claim
+)
+
+
+# -- federation (issue 24: federation/store.py) ------------------------------------------------
+
+federation_sources_table = Table(
+    "paywire_federation_sources",
+    metadata,
+    Column("id", String(64), primary_key=True),  # federation.model.source_id_for(url)
+    Column("url", Text, nullable=False),
+    Column("kind", String(16), nullable=False),  # catalogue | seller
+    Column("filters", JSON, nullable=False),  # federation.model.Filters.to_json()
+    Column("margin_percent", USD, nullable=False),
+    Column("margin_fixed_usd", USD, nullable=False),
+    Column("origin", String(16), nullable=False),  # env (PAYWIRE_FEDERATE) | cli
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    # The last refresh (by whichever replica held the turn): when, whether it worked, what it
+    # said (problems, or why it failed), how many resources it imported.
+    Column("last_refresh_at", DateTime(timezone=True)),
+    Column("last_refresh_ok", Boolean),
+    Column("last_refresh_detail", Text),
+    Column("last_count", Integer),
+)
+
+federated_resources_table = Table(
+    "paywire_federated_resources",
+    metadata,
+    Column("resource_id", String(200), primary_key=True),
+    Column("source_id", String(64), nullable=False),
+    Column("data", JSON, nullable=False),  # federation.model.ImportedResource.to_json()
+    Column("fingerprint", String(64), nullable=False),  # ImportedResource.fingerprint()
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    Index("ix_federated_resources_source", "source_id"),
+)
+
+federation_version_table = Table(
+    "paywire_federation_version",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),  # always 1
+    Column("version", BigInteger, nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False),
+)
+
+
+class IntentState(enum.StrEnum):
+    """Where an outgoing payment is (federation/store.py, federation/paying.py).
+
+    intent  written within the caps, nothing signed yet (a crash here: void, nothing can move)
+    signed  the payment is signed and stored, not sent yet (as far as anyone knows)
+    sent    sent to the seller at least once: whether it moved is the seller's answer, else the
+            chain's to say
+    paid    the seller took it and answered: the answer is kept for the caller
+    void    nothing moved and nothing can: its reservation against the caps is given back
+    lost    it moved and no answer was kept: the operator's loss
+    """
+
+    INTENT = "intent"
+    SIGNED = "signed"
+    SENT = "sent"
+    PAID = "paid"
+    VOID = "void"
+    LOST = "lost"
+
+
+OPEN_INTENTS = (IntentState.INTENT, IntentState.SIGNED, IntentState.SENT)
+
+outgoing_payments_table = Table(
+    "paywire_outgoing_payments",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    # The x402 payment-identifier the payment is signed with: fixed at insert ("fed_" + 32 hex),
+    # so every send of it is the same payment to the seller.
+    Column("payment_identifier", String(64), nullable=False),
+    Column("state", String(16), nullable=False),
+    # The call it pays for: the caller's payment row (paywire_payments.id; moved by an adoption,
+    # so no foreign key pins it), its payer and request.
+    Column("caller_row_id", String(36), nullable=False),
+    Column("caller_payer", String(128), nullable=False),
+    Column("request_digest", String(64), nullable=False),
+    Column("resource_id", String(200), nullable=False),
+    Column("seller", String(300), nullable=False),  # scheme://host[:port]
+    Column("url", Text, nullable=False),
+    Column("network", String(64), nullable=False),
+    Column("asset", String(128), nullable=False),
+    Column("pay_to", String(128), nullable=False),
+    Column("amount_atomic", BigInteger, nullable=False),
+    Column("amount_usd", USD, nullable=False),  # what it reserves against the caps
+    # The signed payment (a bearer payment: never logged), and what identifies it on its chain
+    # (payments.chain_probe's refs), written before it is sent.
+    Column("payload", Text),
+    Column("chain_ref", JSON),
+    Column("valid_before", DateTime(timezone=True)),
+    Column("tx_hash", String(130)),
+    # The seller's answer once paid: given to the caller's retry instead of paying again.
+    Column("answer_status", Integer),
+    Column("answer_media_type", String(200)),
+    Column("answer_body", LargeBinary),
+    Column("error", Text),
+    Column("day", String(10), nullable=False),  # the UTC day its reservation counts on
+    Column("owner", String(64)),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("payment_identifier", name="uq_outgoing_payment_identifier"),
+    Index("ix_outgoing_caller", "caller_row_id"),
+    Index("ix_outgoing_open", "state", "lease_until"),
+    Index("ix_outgoing_request", "caller_payer", "request_digest", "resource_id"),
+    Index("ix_outgoing_seller", "seller", "state"),  # the report's totals by seller
+)
+
+federation_spend_table = Table(
+    "paywire_federation_spend",
+    metadata,
+    Column("day", String(10), primary_key=True),  # YYYY-MM-DD, UTC
+    Column("seller", String(300), primary_key=True),  # a seller's origin, or '*': all sellers
+    # What the day's outgoing payments that are not void reserve (exact; raised within the cap
+    # when an intent is written, lowered once when one turns void).
+    Column("reserved_usd", USD, nullable=False),
 )

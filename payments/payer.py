@@ -364,11 +364,12 @@ async def pay_by_channel(request: _Request, channel: ChannelPayer, required: Pay
     raise AssertionError("unreachable: the second attempt returns")
 
 
-def identified_extensions(required: PaymentRequired | PaymentRequiredV1) -> dict[str, Any] | None:
-    """The quote's extensions with a fresh payment identifier naming the call, when it offers
-    the `payment-identifier` extension."""
+def identified_extensions(required: PaymentRequired | PaymentRequiredV1,
+                          payment_id: str | None = None) -> dict[str, Any] | None:
+    """The quote's extensions with a payment identifier naming the call (`payment_id`, else a
+    fresh one), when it offers the `payment-identifier` extension."""
     if isinstance(required, PaymentRequired) and required.extensions:
-        return append_payment_identifier_to_extensions(dict(required.extensions))
+        return append_payment_identifier_to_extensions(dict(required.extensions), payment_id)
     return None
 
 
@@ -454,10 +455,12 @@ def validity_note(chosen: Any, max_validity: int) -> str | None:
 async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: Any, keys: PayerKeys,
                        solana_rpc_url: str | None = None,
                        max_validity: int = DEFAULT_LIMITS.max_validity_seconds,
-                       evm_rpc_url: str | None = None) -> PaymentPayload | PaymentPayloadV1:
+                       evm_rpc_url: str | None = None,
+                       payment_id: str | None = None) -> PaymentPayload | PaymentPayloadV1:
     """Sign a payment for the `chosen` option of a quote (the caller checked its price), valid at
     most `max_validity` seconds (`signed_validity`). When the quote offers the
-    `payment-identifier` extension, the payment names the call with a fresh id; an `upto` one
+    `payment-identifier` extension, the payment names the call with `payment_id` (else a fresh
+    id: a caller that may resend it stores the id first, federation/paying.py); an `upto` one
     offering `eip2612GasSponsoring` gets the EIP-2612 permit for Permit2 when the payer has not
     approved it (the SDK reads the allowance through `evm_rpc_url`)."""
     client = x402Client()
@@ -468,7 +471,7 @@ async def sign_payment(required: PaymentRequired | PaymentRequiredV1, chosen: An
     # The SDK signs for the option it is given: one whose validity is ours to bound.
     bounded = chosen.model_copy(update={"max_timeout_seconds": signed_validity(chosen, max_validity)})
     only_chosen = required.model_copy(update={"accepts": [bounded]})
-    extensions = identified_extensions(required)
+    extensions = identified_extensions(required, payment_id)
     try:
         if extensions is not None:
             payload = await client.create_payment_payload(only_chosen, extensions=extensions)

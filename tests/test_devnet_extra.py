@@ -1,7 +1,9 @@
 """The devnet is the optional extra `paywire[devnet]`: production runs without py-evm/eth-tester.
 
-Each test runs paywire in a subprocess where `eth` (py-evm) and `eth_tester` cannot be imported,
-as after a plain `pip install .`, and where any attempt to import them is reported on stderr.
+Each test of the extra runs paywire in a subprocess where `eth` (py-evm) and `eth_tester` cannot
+be imported, as after a plain `pip install .`, and where any attempt to import them is reported on
+stderr. The last tests (this process has the extra) drive what the extra serves: the faucet's ETH
+for gas (`eth_wei`), which lets a second gateway on one devnet have a facilitator key of its own.
 """
 
 from __future__ import annotations
@@ -10,16 +12,26 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from eth_account import Account
+from solders.keypair import Keypair
 from x402 import x402FacilitatorSync
 from x402.mechanisms.evm.exact import register_exact_evm_facilitator
+from x402.mechanisms.svm.constants import TOKEN_PROGRAM_ADDRESS
+from x402.mechanisms.svm.utils import derive_ata
 
+from agent.devnet.http import MAX_FAUCET_ATOMIC, MAX_FAUCET_WEI
+from agent.devnet.server import create_devnet_app
+from payments.devnet import Devnet
 from payments.devnet.evm import EvmDevnet
+from payments.devnet.keys import DevnetKeys
+from payments.networks import SOLANA_DEVNET
 from tests.support.facilitator_server import facilitator_app
 from tests.support.live_server import bound_socket, run_in_thread
-from tests.support.paying import EVM_NET, pay_once, receipt
+from tests.support.paying import EVM_NET, SOL_NET, pay_once, receipt
 from tests.support.served_process import ROOT, free_port, paywire_env, stop, wait_healthy
 
 # Put first on sys.meta_path: the devnet extra's modules are "not installed".
@@ -138,3 +150,103 @@ def test_production_serve_takes_a_payment_without_the_extra(
         stop(proc)
     stderr = proc.stderr.read() if proc.stderr else ""
     assert "blocked import" not in stderr, stderr
+
+
+# ---- the faucet's EVM gas (`eth_wei`): a key of one's own can broadcast on the devnet ----
+
+
+@pytest.fixture(scope="module")
+def served_devnet() -> Iterator[str]:
+    """Both devnet chains and their /devnet routes (as `paywire devnet` serves them), on loopback."""
+    sock, port = bound_socket()
+    url = f"http://127.0.0.1:{port}"
+    app = create_devnet_app(Devnet(DevnetKeys.generate(), demo_payer_funds=0), url)
+    server, thread = run_in_thread(app, sock)
+    yield url
+    server.should_exit = True
+    thread.join(timeout=15)
+
+
+def _rpc(url: str, chain: str, method: str, params: list[Any]) -> Any:
+    reply = httpx.post(f"{url}/devnet/{chain}", timeout=30, json={
+        "jsonrpc": "2.0", "id": 1, "method": method, "params": params}).json()
+    assert "error" not in reply, reply
+    return reply["result"]
+
+
+def _eth(url: str, address: str) -> int:
+    return int(_rpc(url, "evm", "eth_getBalance", [address, "latest"]), 16)
+
+
+def _usdc(url: str, network: str, address: str) -> int:
+    answer = httpx.get(f"{url}/devnet/balance", params={"network": network, "address": address},
+                       timeout=30)
+    assert answer.status_code == 200, answer.text
+    return int(answer.json()["balance"])
+
+
+def test_faucet_sends_eth_that_pays_for_a_key_s_own_transaction(served_devnet: str) -> None:
+    url, key = served_devnet, Account.create()
+    answer = httpx.post(f"{url}/devnet/faucet", timeout=30, json={
+        "network": "base-sepolia", "address": key.address, "amount": 0, "eth_wei": 10**18})
+    assert answer.status_code == 200, answer.text
+    funded = answer.json()
+    assert funded["transaction"] is None and funded["eth_wei"] == 10**18  # amount 0: no mint
+    gas_receipt = _rpc(url, "evm", "eth_getTransactionReceipt", [funded["gas_transaction"]])
+    assert gas_receipt["status"] == "0x1"
+    assert (_eth(url, key.address), _usdc(url, EVM_NET, key.address)) == (10**18, 0)
+    # The key broadcasts a transaction of its own, its gas paid from what the faucet sent.
+    to = Account.create().address
+    gas_price = int(_rpc(url, "evm", "eth_gasPrice", []), 16)
+    signed = key.sign_transaction({"to": to, "value": 5, "gas": 21_000, "nonce": 0,
+                                   "chainId": 84532, "gasPrice": gas_price})
+    sent = _rpc(url, "evm", "eth_sendRawTransaction", ["0x" + bytes(signed.raw_transaction).hex()])
+    receipt_ = _rpc(url, "evm", "eth_getTransactionReceipt", [sent])
+    assert receipt_["status"] == "0x1" and _eth(url, to) == 5
+    spent = 21_000 * int(receipt_["effectiveGasPrice"], 16)
+    assert _eth(url, key.address) == 10**18 - 5 - spent
+    # USDC and gas in one call: both arrive.
+    both = httpx.post(f"{url}/devnet/faucet", timeout=30, json={
+        "network": EVM_NET, "address": to, "amount": 1_234, "eth_wei": 7}).json()
+    assert both["transaction"] and both["gas_transaction"] and both["transaction"] != both["gas_transaction"]
+    assert (_usdc(url, EVM_NET, to), _eth(url, to)) == (1_234, 12)
+
+
+@pytest.mark.parametrize(("body", "param", "says"), [
+    ({"amount": 0, "eth_wei": MAX_FAUCET_WEI + 1}, "eth_wei", "0..10000000000000000000 (10 ETH)"),
+    ({"amount": 0, "eth_wei": -1}, "eth_wei", "whole number of wei"),
+    ({"amount": 0, "eth_wei": "1000"}, "eth_wei", "whole number of wei"),
+    ({"amount": 0, "eth_wei": 1.5}, "eth_wei", "whole number of wei"),
+    ({"amount": 0, "eth_wei": True}, "eth_wei", "whole number of wei"),
+    ({"amount": MAX_FAUCET_ATOMIC + 1, "eth_wei": 1}, "amount", "0..1000000000"),
+    ({"amount": 0}, "amount", "nothing to send"),
+    ({"amount": 0, "eth_wei": 0}, "amount", "nothing to send"),
+])
+def test_faucet_refuses_gas_out_of_bounds_and_sends_nothing(
+    served_devnet: str, body: dict[str, Any], param: str, says: str,
+) -> None:
+    address = Account.create().address
+    answer = httpx.post(f"{served_devnet}/devnet/faucet", timeout=30,
+                        json={"network": EVM_NET, "address": address, **body})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and says in error["message"], error
+    assert (_eth(served_devnet, address), _usdc(served_devnet, EVM_NET, address)) == (0, 0)
+
+
+def test_solana_faucet_refuses_eth_and_opens_a_token_account_with_amount_0(served_devnet: str) -> None:
+    owner = str(Keypair().pubkey())
+    refused = httpx.post(f"{served_devnet}/devnet/faucet", timeout=30, json={
+        "network": SOL_NET, "address": owner, "amount": 0, "eth_wei": 1})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "eth_wei"
+    assert "EVM networks" in refused.json()["error"]["message"]
+    assert _rpc(served_devnet, "solana", "getBalance", [owner])["value"] == 0  # nothing sent
+    opened = httpx.post(f"{served_devnet}/devnet/faucet", timeout=30, json={
+        "network": SOL_NET, "address": owner, "amount": 0})
+    assert opened.status_code == 200, opened.text
+    assert opened.json()["transaction"] and "gas_transaction" not in opened.json()
+    token_account = derive_ata(owner, SOLANA_DEVNET.usdc, TOKEN_PROGRAM_ADDRESS)
+    held = _rpc(served_devnet, "solana", "getTokenAccountBalance", [token_account])["value"]
+    assert held["amount"] == "0"  # the account exists, empty: a pay-to can now be paid
+    assert _rpc(served_devnet, "solana", "getBalance", [owner])["value"] == 1_000_000_000

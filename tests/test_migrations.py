@@ -46,7 +46,7 @@ from payments.ledger_schema import events_table, metadata, payments_table
 from payments.schema import BASELINE, SchemaAhead, SchemaOutdated
 from tests.support.served_process import PAYWIRE, ROOT, free_port, paywire_env, start_paywire, stop
 
-HEAD = "0009_channel_claims"
+HEAD = "0010_federation"
 
 # paywire_payments exactly as `payments/ledger.py` declared it before migrations (create_all).
 OLD = MetaData()

@@ -7,16 +7,19 @@ by payer (owed: not in a transfer yet; sending: in one not confirmed yet; confir
 fees paywire's transactions paid, by network and kind (in the native token's smallest unit, and in
 USD where its price is set), with how many wait to be read; the batch-settlement channels (per
 network and token: by state, deposits, charges, claims, the unclaimed rest, the escrow left, the
-next claim; then the channels with the most unclaimed); what the reconciler did; or the latest
-payments in one state. `--json` prints the same as one JSON document.
+next claim; then the channels with the most unclaimed); federation, once any upstream seller
+was paid (per seller: paid out, earned on the calls resold, lost); what the reconciler did; or
+the latest payments in one state. `--json` prints the same as one JSON document.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
+from federation.store import FederationStore, SellerTotals
 from payments.accounting import Accounting, FeeTotal, decimal_text
 from payments.chain_fees import FeePrices, native_token
 from payments.channel_report import MAX_LISTED, ChannelReport, read_channels
@@ -72,13 +75,16 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
     prices = prices or FeePrices()
     fees = [_fee(total, prices) for total in await Accounting(ledger.engine, prices).fee_totals()]
     channels = await read_channels(ledger.engine, limit=max(0, min(limit, MAX_LISTED)))
+    sellers = await FederationStore(ledger).seller_totals()
     if as_json:
         return json.dumps({"by_state": {k: {"payments": n, "amount_atomic": a}
                                         for k, (n, a) in counts.items()},
                            "unfinished": unfinished,
                            "refunds": {"total": refunds.as_dict() | {"payer": None},
                                        "by_payer": [p.as_dict() for p in payers]},
-                           "chain_fees": fees, "channels": channels.as_dict()}, indent=2)
+                           "chain_fees": fees, "channels": channels.as_dict(),
+                           "federation": {"by_seller": [seller_json(t) for t in sellers]}},
+                          indent=2)
     lines = ["payments by state:"]
     for name in PaymentState:
         n, amount = counts.get(name.value, (0, 0))
@@ -91,7 +97,35 @@ async def report(ledger: Ledger, *, state: str | None = None, events: bool = Fal
     lines += _refund_lines(refunds, payers[:REFUND_PAYERS])
     lines += _fee_lines(fees)
     lines += _channel_lines(channels, now)
+    if sellers:
+        lines += seller_lines(sellers)
     return "\n".join(lines)
+
+
+def seller_json(t: SellerTotals) -> dict[str, Any]:
+    """One upstream seller's totals, amounts as exact decimal strings."""
+    return {"seller": t.seller, "paid_out_usd": decimal_text(t.paid_out_usd),
+            "earned_usd": decimal_text(t.earned_usd), "lost_usd": decimal_text(t.lost_usd),
+            "calls": t.calls, "lost_calls": t.lost_calls}
+
+
+def seller_lines(sellers: list[SellerTotals]) -> list[str]:
+    """Federation per upstream seller (USD, all time): paid out for the calls it answered,
+    earned on them (what their callers were charged less what they cost), lost (paid with no
+    answer kept: the operator's loss); then the totals."""
+    lines = ["federation, per upstream seller (USD, all time; earned: what the calls' callers "
+             "were charged less what the seller was paid for them; lost: paid with no answer):",
+             f"  {'seller':<48} {'calls':>7} {'paid out':>14} {'earned':>14} {'lost':>14} "
+             f"{'lost calls':>10}"]
+    for t in [*sellers, SellerTotals(
+            "(total)", sum((t.paid_out_usd for t in sellers), Decimal(0)),
+            sum((t.lost_usd for t in sellers), Decimal(0)),
+            sum((t.earned_usd for t in sellers), Decimal(0)),
+            sum(t.calls for t in sellers), sum(t.lost_calls for t in sellers))]:
+        lines.append(f"  {t.seller:<48} {t.calls:>7} {decimal_text(t.paid_out_usd):>14} "
+                     f"{decimal_text(t.earned_usd):>14} {decimal_text(t.lost_usd):>14} "
+                     f"{t.lost_calls:>10}")
+    return lines
 
 
 def _fee(total: FeeTotal, prices: FeePrices) -> dict[str, Any]:

@@ -7,12 +7,12 @@ import argparse
 import sys
 import warnings
 
-from agent.cli import config, db, devnet, ledger, mcp, pay, payers, serve, skills
+from agent.cli import config, db, devnet, federation, ledger, mcp, pay, payers, serve, skills
 from agent.cli.common import CommandFailed
 from agent.version import VERSION
 
 # Each module registers its command (and subcommands); `paywire --help` lists them in this order.
-COMMANDS = (serve, config, pay, mcp, devnet, skills, payers, db, ledger)
+COMMANDS = (serve, config, pay, mcp, devnet, skills, payers, federation, db, ledger)
 
 
 def build_parser() -> argparse.ArgumentParser:

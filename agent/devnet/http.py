@@ -21,12 +21,18 @@ from payments.networks import lookup_network
 MAX_RPC_BYTES = 256 * 1024
 MAX_RPC_BATCH = jsonrpc.MAX_BATCH  # calls in one JSON-RPC batch
 MAX_FAUCET_ATOMIC = 1_000_000_000  # 1,000 USDC per faucet call
+MAX_FAUCET_WEI = 10 * 10**18  # 10 ETH of gas per faucet call (a settlement costs ~1e-4 ETH here)
 
 
 def _err(message: str, param: str, status: int = 400) -> Response:
     return JSONResponse(
         {"error": {"message": message, "type": "invalid_request_error", "param": param,
                    "code": "invalid_parameter"}}, status)
+
+
+def _whole(value: Any, most: int) -> bool:
+    """A JSON whole number in 0..most (not a bool, which JSON decoding makes an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def routes(devnet: Devnet, base_url: str) -> list[Route]:
@@ -83,6 +89,10 @@ def routes(devnet: Devnet, base_url: str) -> list[Route]:
         return JSONResponse({"network": network.caip2, "address": address, "balance": amount})
 
     async def faucet(request: Request) -> Response:
+        """Mint test USDC, and on EVM send ETH for gas when `eth_wei` asks for it.
+
+        `amount` 0 mints nothing on EVM; on Solana it opens the address's USDC account (every
+        Solana call also airdrops 1 SOL), which a pay-to address needs before it is paid."""
         try:
             body = await read_json(request, 4096, empty={})
         except (BodyTooLarge, InvalidJson):
@@ -96,18 +106,31 @@ def routes(devnet: Devnet, base_url: str) -> list[Route]:
         if network not in devnet.networks:
             return _err(f"this devnet runs {[n.v1_name for n in devnet.networks]}", "network")
         amount = body.get("amount")
-        if not isinstance(amount, int) or isinstance(amount, bool) or not (
-            0 < amount <= MAX_FAUCET_ATOMIC
-        ):
-            return _err(f"'amount' must be a whole number of atomic units, 1..{MAX_FAUCET_ATOMIC}",
+        if not _whole(amount, MAX_FAUCET_ATOMIC):
+            return _err(f"'amount' must be a whole number of atomic units, 0..{MAX_FAUCET_ATOMIC}",
+                        "amount")
+        eth_wei = body.get("eth_wei", 0)
+        if not _whole(eth_wei, MAX_FAUCET_WEI):
+            return _err(f"'eth_wei' must be a whole number of wei, 0..{MAX_FAUCET_WEI} (10 ETH)",
+                        "eth_wei")
+        if eth_wei and network.family != "evm":
+            return _err("'eth_wei' is for EVM networks; on Solana every faucet call airdrops 1 SOL",
+                        "eth_wei")
+        if network.family == "evm" and not (amount or eth_wei):
+            return _err("nothing to send: give 'amount' (USDC) or 'eth_wei' (gas) above 0",
                         "amount")
         address = str(body.get("address", ""))
         try:
-            tx = await asyncio.to_thread(devnet.fund, address, amount, network)
+            tx = (await asyncio.to_thread(devnet.fund, address, amount, network)
+                  if amount or network.family != "evm" else None)
+            gas_tx = await asyncio.to_thread(devnet.fund_gas, address, eth_wei) if eth_wei else None
         except ValueError as exc:
             return _err(f"not an address on {network.v1_name}: {exc}", "address")
-        return JSONResponse({"network": network.caip2, "address": address, "amount": amount,
-                             "transaction": tx})
+        answer: dict[str, Any] = {"network": network.caip2, "address": address, "amount": amount,
+                                  "transaction": tx}
+        if eth_wei:
+            answer.update(eth_wei=eth_wei, gas_transaction=gas_tx)
+        return JSONResponse(answer)
 
     return [
         Route("/devnet", info, methods=["GET"]),

@@ -34,6 +34,7 @@ from agent.pipeline.timing import Timings
 from payments import failpoints
 from payments.ledger import Claimed, Existing, PaymentRow, PaymentState, StoredResult
 from payments.reconciler import Reconciler
+from skills.call_context import PaidCallRef, paid_call
 from skills.errors import SkillError, UpstreamError
 from skills.skill import SkillResult
 from wire import wire_json
@@ -94,7 +95,7 @@ class ClaimedPath:
     async def _run_claimed(self, paid: PaidCall, row_id: str) -> Outcome:
         t, op, payload = paid.t, paid.op, paid.payload
         streaming = paid.streaming
-        with t.stage("run"):
+        with t.stage("run"), paid_call(_call_ref(paid, row_id)):
             try:
                 if streaming:
                     assert op.streamer is not None
@@ -281,7 +282,7 @@ class ClaimedPath:
         caller leaves is."""
         t, op, payload, s = paid.t, paid.op, paid.payload, self.services
         lease = RerunLease(s.ledger, s.in_flight, s.policy, row.id, last=last)
-        with t.stage("run"):
+        with t.stage("run"), paid_call(_call_ref(paid, row.id)):
             try:
                 if paid.streaming:
                     return await self._stream_again(paid, row, receipt, lease)
@@ -327,6 +328,11 @@ class ClaimedPath:
         stream = handover(first)
         return Delivered(paid.t, SkillResult(body=None, media_type="text/event-stream"), receipt,
                          row.charged, stream=stream.chunks(), on_handover=stream.report)
+
+
+def _call_ref(paid: PaidCall, row_id: str) -> PaidCallRef:
+    """What a skill that pays for the call itself (a federated resource) ties its payment to."""
+    return PaidCallRef(row_id, paid.identity.key.normalized().payer, paid.digest)
 
 
 def _result_of(kept: StoredResult) -> SkillResult:

@@ -79,6 +79,14 @@ class Devnet:
         self.solana.airdrop(address, 1_000_000_000)
         return self.solana.mint_to(address, amount)
 
+    def fund_gas(self, address: str, wei: int) -> str:
+        """The faucet's EVM gas: send `wei` of native ETH to `address`; returns the tx hash.
+
+        Paid by the EVM chain's own faucet account (funded at genesis, never exposed), so a
+        gateway's own facilitator key can pay for its settlements. Solana needs no counterpart:
+        `fund` airdrops SOL with every call."""
+        return self.evm.fund_gas(address, wei)
+
     def balance(self, address: str, network: NetworkInfo) -> int:
         if network.family == "evm":
             return self.evm.balance_of(address)

@@ -382,8 +382,8 @@ class EvmDevnet:
     def eth_balance(self, address: str) -> int:
         return int(self._w3.eth.get_balance(to_checksum_address(address)))
 
-    def fund_gas(self, address: str, wei: int) -> None:
-        """Send `wei` of ETH from the devnet faucet to `address`."""
+    def fund_gas(self, address: str, wei: int) -> str:
+        """Send `wei` of ETH from the devnet faucet to `address`; returns the transaction hash."""
         with self._lock:
             tx: dict[str, Any] = {
                 "from": self._faucet.address,
@@ -394,7 +394,7 @@ class EvmDevnet:
                 **self._fees(),
             }
             tx["gas"] = self._w3.eth.estimate_gas(tx)  # 21k for an EOA, more for a contract
-            self._broadcast(self._faucet, tx)
+            return self._broadcast(self._faucet, tx)
 
     def transfer(self, private_key: str, to: str, amount: int) -> str:
         """Plain ERC-20 transfer signed by `private_key`; tops up its gas from the faucet."""
