@@ -37,7 +37,8 @@ def build_federation(settings: Settings, ledger: Ledger, registry: SkillRegistry
         max_answer_bytes=settings.federation_max_answer_bytes,
         solana_rpc_url=settings.solana_rpc_url or (
             f"{devnet_base}/devnet/solana" if devnet_base else None),
-        evm_rpc_url=settings.evm_rpc_url or (f"{devnet_base}/devnet/evm" if devnet_base else None))
+        evm_rpc_url=settings.evm_rpc_url or (f"{devnet_base}/devnet/evm" if devnet_base else None),
+        rpc_for=chain_rpcs.get)
     margin = Margin(settings.federation_margin_percent, settings.federation_margin_usd)
     federation = Federation(
         store, registry, fetch, payer,

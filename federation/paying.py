@@ -27,6 +27,7 @@ import base64
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -37,6 +38,9 @@ import httpx
 from x402.schemas import PaymentRequired, PaymentRequiredV1
 
 from payments import failpoints
+from payments.chain_probe import JsonRpc
+from payments.money import atomic_to_usd, usd_text
+from payments.networks import NetworkInfo
 from payments.payer import (
     Answer,
     PayerKeys,
@@ -45,6 +49,7 @@ from payments.payer import (
     receipt_from,
     sign_payment,
 )
+from payments.payer_mistakes import usdc_held
 from payments.processor import Matched, identify
 from skills.call_context import current_call
 from skills.errors import SkillUnavailableError, UpstreamAnswer, UpstreamError, UpstreamTimeout
@@ -88,6 +93,7 @@ class UpstreamPayer:
     def __init__(self, store: FederationStore, fetch: GuardedFetch, keys: PayerKeys | None,
                  caps: Caps, *, owner: str, timeout_seconds: float, max_answer_bytes: int,
                  solana_rpc_url: str | None = None, evm_rpc_url: str | None = None,
+                 rpc_for: Callable[[str], JsonRpc | None] | None = None,
                  limits: PayingLimits = PayingLimits()) -> None:
         self.store = store
         self.fetch = fetch
@@ -98,6 +104,7 @@ class UpstreamPayer:
         self.max_answer_bytes = max_answer_bytes
         self.solana_rpc_url = solana_rpc_url
         self.evm_rpc_url = evm_rpc_url
+        self.rpc_for = rpc_for  # reads the wallet's balance before a payment is signed
         self.limits = limits
         self.cap_reached: dict[str, tuple[float, str]] = {}  # seller or "*": (until, why)
 
@@ -164,6 +171,7 @@ class UpstreamPayer:
                         network=info.caip2, asset=str(chosen.asset), pay_to=str(chosen.pay_to),
                         amount_atomic=amount,
                         amount_usd=Decimal(amount).scaleb(-info.decimals))
+        await self._check_funds(imported, info, amount)
         opened = await self.store.open_intent(new, self.caps, owner=self.owner,
                                               lease_seconds=self._lease_seconds())
         if isinstance(opened, CapReached):
@@ -236,6 +244,40 @@ class UpstreamPayer:
                                 f"for '{imported.resource_id}'")
         _, _, chosen, amount = min(payable, key=lambda p: (p[0], p[1]))
         return required, chosen, amount
+
+    async def _check_funds(self, imported: ImportedResource, network: NetworkInfo,
+                           amount: int) -> None:
+        """An operator wallet that cannot pay is a 503 before anything is signed (the caller is
+        not charged), not a seller's refusal after. A chain that cannot be read now is not a
+        refusal: the seller's facilitator checks the balance anyway."""
+        rpc = self.rpc_for(network.caip2) if self.rpc_for is not None else None
+        if rpc is None or self.keys is None:
+            return
+        owner = self.address(network)
+        try:
+            held = await asyncio.wait_for(usdc_held(rpc, network, owner), timeout=5)
+        except Exception as exc:  # noqa: BLE001 - unread is not "empty"
+            log.warning("federation wallet balance unread on %s (%s)", network.caip2,
+                        type(exc).__name__)
+            return
+        if held < amount:
+            raise SkillUnavailableError(
+                f"'{imported.resource_id}' is unavailable: this gateway's wallet for paying "
+                f"upstream sellers holds {usd_text(atomic_to_usd(held, network.decimals))} on "
+                f"{network.caip2}, less than the {usd_text(atomic_to_usd(amount, network.decimals))} "
+                f"{imported.offer.seller} asks; nothing was charged (the operator funds "
+                f"{owner})")
+
+    def address(self, network: NetworkInfo) -> str:
+        """The operator wallet's address on `network`."""
+        assert self.keys is not None
+        if network.family == "evm":
+            from eth_account import Account
+
+            return str(Account.from_key(self.keys.evm_key).address)
+        from solders.keypair import Keypair
+
+        return str(Keypair.from_base58_string(str(self.keys.solana_key)).pubkey())
 
     async def _sign(self, required: PaymentRequired | PaymentRequiredV1, chosen: Any,
                     payment_id: str) -> Any:

@@ -45,7 +45,7 @@ from x402.extensions.erc20_approval_gas_sponsoring import (
 from x402.mechanisms.evm import constants as evm
 from x402.mechanisms.evm.batch_settlement import errors as batch
 from x402.mechanisms.svm import constants as svm
-from x402.mechanisms.svm.utils import extract_transaction_info
+from x402.mechanisms.svm.utils import derive_ata, extract_transaction_info
 from x402.schemas import PaymentRequired, PaymentRequirements
 
 from .chain_probe import JsonRpc, ProbeError, UnexpectedAnswer
@@ -376,3 +376,12 @@ def _option(requirement: PaymentRequirements) -> tuple[str, str]:
     except ValueError:
         return f"{requirement.amount} atomic units of {requirement.asset}", requirement.network
     return _usdc(int(requirement.amount), network.decimals), _name(network)
+
+
+async def usdc_held(rpc: JsonRpc, network: NetworkInfo, owner: str) -> int:
+    """What `owner` holds of `network`'s USDC (atomic), read from the chain (a Solana owner's
+    associated token account; none: 0). ProbeError when the chain cannot be read."""
+    if network.family == "evm":
+        return (await _evm_balance(network.usdc, owner)(rpc)).amount
+    account = derive_ata(owner, network.usdc)
+    return (await _svm_balance(account, network.usdc)(rpc)).amount

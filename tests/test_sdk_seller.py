@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
@@ -26,6 +27,7 @@ from tests.support.devnet_world import (
     pay,
     running_devnet,
 )
+from tests.support.federation_world import LOOPBACK, ServedGateway, imported, until, wallet_env
 from tests.support.paying import EVM_NET, SOL_NET
 from tests.support.sdk_seller import (
     WORD_COUNT_SCHEMA,
@@ -108,3 +110,68 @@ def test_a_paid_call_answers_the_route_and_pays_the_seller_exactly(
     # The facilitator catalogs what declares the bazaar extension, and only that.
     cataloged = {found.resource_url for found in world.facilitator.catalog}
     assert (route.url in cataloged) == route.discoverable
+
+
+# -- resold by paywire (issue 24): the seller above, imported and resold by a production gateway
+
+
+@pytest.fixture(scope="module")
+def reseller(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedGateway]:
+    """A production paywire on the same devnet importing the SDK seller twice over: the POST
+    route from the facilitator's discovery catalog (`/discovery/resources`, which lists what it
+    settled: the paid call above catalogs it first), the GET route probed as one seller URL."""
+    route = world.seller.routes["word-count"]
+    pay(world.devnet.url, route.url, world.payer, EVM_NET, json={"text": "catalog me"})
+    wallet = new_payer(world.devnet.url, FUNDS)
+    folder = Path(tmp_path_factory.mktemp("reseller"))
+    gateway = ServedGateway("reseller", folder, {
+        **world.devnet.env, "PAYWIRE_FEDERATION_ALLOW_NETWORKS": LOOPBACK,
+        "PAYWIRE_FEDERATION_PAYER_KEY": wallet_env(wallet),
+        "PAYWIRE_FEDERATION_MARGIN_PERCENT": "50", "PAYWIRE_FEDERATION_MARGIN_USD": "0",
+        "PAYWIRE_FEDERATE": (f"{world.facilitator.url}/discovery/resources "
+                             f"seller:{world.seller.routes['weather'].url}")})
+    gateway.wallet = wallet  # type: ignore[attr-defined]
+    try:
+        gateway.start().wait()
+        until(lambda: imported(gateway, "word-count") and imported(gateway, "weather"),
+              "both routes imported")
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.parametrize(("name", "given"), [("word-count", {"text": "resold by paywire now"}),
+                                             ("weather", {"city": "Porto"})])
+def test_paywire_resells_the_sdk_sellers_routes_with_its_margin(
+        world: World, reseller: ServedGateway, name: str, given: dict[str, str]) -> None:
+    route, devnet = world.seller.routes[name], world.devnet
+    item = imported(reseller, name)
+    assert item is not None
+    assert Decimal(item["price_usd"]) == Decimal(route.price).scaleb(-6) * Decimal("1.5")
+    assert item["method"] == route.method and item["description"] == route.description
+    caller = new_payer(devnet.url, FUNDS)
+    wallet = reseller.wallet  # type: ignore[attr-defined]
+    seller_before = devnet.balance(EVM_NET, world.seller.pay_to[EVM_NET])
+    wallet_before = devnet.balance(EVM_NET, wallet.evm_address)
+    # the caller POSTs JSON to paywire whatever the upstream's method: a GET's input becomes its query
+    paid = pay(devnet.url, f"{reseller.url}/v1/marketplace/api/{item['resource_id']}", caller,
+               EVM_NET, json=given)
+    assert paid.status == 200, paid.body[:500]
+    assert json.loads(paid.body) == route.answer(given)  # the seller's answer, as it is
+    price = int(Decimal(item["price_usd"]).scaleb(6))
+    assert paid.settlement is not None and int(paid.settlement["amount"]) == price
+    assert devnet.balance(EVM_NET, caller.evm_address) == FUNDS - price
+    assert devnet.balance(EVM_NET, wallet.evm_address) == wallet_before - route.price
+    assert devnet.balance(EVM_NET, world.seller.pay_to[EVM_NET]) == seller_before + route.price
+    intents = reseller.rows("SELECT state, amount_atomic, seller FROM paywire_outgoing_payments "
+                            "WHERE resource_id = ?", item["resource_id"])
+    assert intents == [{"state": "paid", "amount_atomic": route.price, "seller": world.seller.url}]
+
+
+def test_input_that_the_sellers_schema_refuses_is_refused_before_any_quote(
+        reseller: ServedGateway) -> None:
+    item = imported(reseller, "word-count")
+    assert item is not None
+    answer = httpx.post(f"{reseller.url}/v1/marketplace/api/{item['resource_id']}",
+                        json={"text": 5}, timeout=30)
+    assert answer.status_code == 400 and "text" in answer.text  # the seller's schema, checked here
