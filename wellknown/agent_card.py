@@ -8,15 +8,24 @@
 Every skill's description states its price and its examples are the exact data part to send, so
 an agent can go from the card to a paid call without reading any other document. No price is
 computed here: fixed prices are read from `skill.price_usd`; skills with a pricer say so.
+
+The card stays small whatever the catalogue holds (a federating gateway resells thousands of
+imported resources): at most `max_skills` skills are listed, each entry's text bounded
+(`MAX_DESCRIPTION_CHARS`, `MAX_TAGS`; an example longer than `MAX_EXAMPLE_CHARS` is left out), and
+the skills left out are grouped: one entry per category (`category:<name>`, at most
+`MAX_CATEGORY_ENTRIES`, the largest first) saying how many it holds, whose example is the call of
+the free help skill that lists them (`{"skill": "help", "input": {"category": ...}}`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from email.utils import formatdate, parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from a2a.compat.v0_3.conversions import to_compat_agent_card
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
@@ -46,6 +55,14 @@ CACHE_CONTROL = "public, max-age=60"
 IO_MODES = ["application/json", "text/plain"]
 # The 0.3 spec's examples and the SDK's 0.3 client default use the three-part form.
 LEGACY_PROTOCOL_VERSION = "0.3.0"
+# Bounds of one entry: with max_skills (PAYWIRE_CARD_MAX_SKILLS, 200 by default) they bound the card.
+MAX_NAME_CHARS = 200
+MAX_DESCRIPTION_CHARS = 1000  # the skill's own text; its price follows
+MAX_TAGS, MAX_TAG_CHARS = 10, 60
+MAX_EXAMPLE_CHARS = 2000  # a longer example stays out (the catalogue API and OpenAPI carry it)
+MAX_CATEGORY_ENTRIES = 20  # entries grouping the skills left out, one per category
+CATEGORY_ID_PREFIX = "category:"  # a group entry's id (resource ids have no colon)
+_SLUG = re.compile(r"[^a-z0-9._-]+")
 
 HELP_DESCRIPTION = (
     "Send any text without a skill to learn what paywire sells and how to call it. Free."
@@ -86,10 +103,15 @@ def _price_text(skill: Skill) -> str:
 
 
 def _tags(skill: Skill) -> list[str]:
-    tags = [c.lower() for c in skill.categories] + list(skill.tags)
-    unique = list(dict.fromkeys(t for t in tags if t))
+    tags = [c.lower()[:MAX_TAG_CHARS] for c in skill.categories] + [t[:MAX_TAG_CHARS] for t in skill.tags]
+    unique = list(dict.fromkeys(t for t in tags if t))[:MAX_TAGS]
     # A2A 1.0 marks AgentSkill.tags REQUIRED (non-empty).
     return unique or [skill.kind]
+
+
+def _cut(text: str, limit: int) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
 def skill_example(skill_id: str, example: dict[str, Any] | None = None) -> str:
@@ -100,15 +122,49 @@ def skill_example(skill_id: str, example: dict[str, Any] | None = None) -> str:
 def agent_skill(skill: Skill) -> AgentSkill:
     """One registry skill as an A2A skill: price in the description, the exact call as example."""
     first = skill.examples[0] if skill.examples else {}
+    example = skill_example(skill.id, first)
     return AgentSkill(
         id=skill.id,
-        name=skill.name,
-        description=f"{skill.description.rstrip()} {_price_text(skill)}",
+        name=_cut(skill.name, MAX_NAME_CHARS),
+        description=f"{_cut(skill.description, MAX_DESCRIPTION_CHARS)} {_price_text(skill)}",
         tags=_tags(skill),
-        examples=[skill_example(skill.id, first)],
+        examples=[example] if len(example) <= MAX_EXAMPLE_CHARS else [],
         input_modes=["application/json"],
         output_modes=["application/json"],
     )
+
+
+def category_entries(left_out: Sequence[Skill], base_url: str) -> tuple[list[AgentSkill], int, int]:
+    """The skills a card leaves out, grouped: an entry per category (a skill counted under its
+    first), the largest `MAX_CATEGORY_ENTRIES`; and how many skills and categories are in none."""
+    groups: dict[str, list[Any]] = {}  # lowercased (as help and the catalogue API match) -> [name, n]
+    for skill in left_out:
+        name = _cut(skill.categories[0], MAX_TAG_CHARS) if skill.categories else skill.kind
+        groups.setdefault(name.lower(), [name, 0])[1] += 1
+    ranked = sorted(groups.values(), key=lambda g: (-g[1], g[0].lower()))
+    entries: list[AgentSkill] = []
+    for name, count in ranked[:MAX_CATEGORY_ENTRIES]:
+        skills = "skill" if count == 1 else "skills"
+        slug = entry_id = f"{CATEGORY_ID_PREFIX}{_SLUG.sub('-', name.lower()).strip('-') or 'other'}"
+        n = 1
+        while any(e.id == entry_id for e in entries):  # "A B" and "a-b": two categories, one slug
+            n += 1
+            entry_id = f"{slug}-{n}"
+        entries.append(AgentSkill(
+            id=entry_id,
+            name=f"{name}: {count} more {skills}",
+            description=(
+                f"{count} more {skills} in the category {name} that this card does not list. Not a "
+                f"skill to call: its example asks the free help skill for them (a page at a time, "
+                f"with how to call each and its price), as does {base_url}{CATALOGUE_PATH}"
+                f"?category={quote(name)}&page_size=100."),
+            tags=[name.lower(), "catalogue"],
+            examples=[skill_example(HELP_SKILL, {"category": name})],
+            input_modes=["application/json"],
+            output_modes=["application/json"],
+        ))
+    rest = ranked[MAX_CATEGORY_ENTRIES:]
+    return entries, sum(g[1] for g in rest), len(rest)
 
 
 def help_skill() -> AgentSkill:
@@ -139,7 +195,7 @@ def build_agent_card(
     The skills a call can buy now are listed (`Catalogue.for_sale`: one switched off or not
     configured here would answer 503), at most `max_skills` of them (the free help entry is
     extra); when some are left out the description says how many and where the complete, paged
-    list is.
+    list is, and an entry per category groups them (`category_entries`).
     `legacy_interface` also lists the same endpoint as a 0.3 JSON-RPC interface (the JSON-RPC
     routes run with the SDK's 0.3 compatibility switch); that makes the SDK add the 0.3 top-level
     fields to the served 1.0 JSON, so 0.3 clients reading agent-card.json work too.
@@ -158,10 +214,14 @@ def build_agent_card(
         "answer the HTTP 402 from /a2a by retrying with a PAYMENT-SIGNATURE (or X-PAYMENT) header, "
         "or activate the a2a-x402 extension and pay in band when the task turns input-required."
     )
+    groups: list[AgentSkill] = []
     if left_out:
+        groups, ungrouped, categories = category_entries(sellable[max_skills:], base_url)
         description += (
             f" This card lists {len(listed)} of the {len(sellable)} skills; {left_out} more are "
-            f"not listed here. The complete, paged list: {base_url}{CATALOGUE_PATH}"
+            f"not listed here (the entries whose id starts with '{CATEGORY_ID_PREFIX}' group them by category"
+            + (f"; {ungrouped} in {categories} more categories" if ungrouped else "")
+            + f"). The complete, paged list: {base_url}{CATALOGUE_PATH}"
             "?page=1&page_size=100 (the help skill lists them too)."
         )
 
@@ -183,7 +243,7 @@ def build_agent_card(
         ),
         default_input_modes=list(IO_MODES),
         default_output_modes=list(IO_MODES),
-        skills=[help_skill(), *(agent_skill(s) for s in listed)],
+        skills=[help_skill(), *(agent_skill(s) for s in listed), *groups],
     )
 
 
@@ -219,9 +279,9 @@ def cached_card_factory(
     max_skills: int = 200,
     legacy_interface: bool = True,
 ) -> Callable[[], AgentCard]:
-    """A callable returning the card, rebuilt only when the registry grew or the operator's
-    switches changed (`Catalogue.generation`)."""
-    cached: list[tuple[int, AgentCard]] = []
+    """A callable returning the card, rebuilt only when the registry or the operator's switches
+    changed (`Catalogue.generation`)."""
+    cached: list[tuple[tuple[int, int], AgentCard]] = []
 
     def current() -> AgentCard:
         generation = catalogue.generation

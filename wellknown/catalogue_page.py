@@ -18,8 +18,7 @@ style sheet and same-origin requests only. Nothing is fetched from elsewhere.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from decimal import Decimal
 from importlib import resources
 from pathlib import Path
@@ -30,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent.edge.http_io import HttpProblem, page_headers
-from agent.pipeline.catalogue import and_list
+from agent.pipeline.catalogue import and_list, mcp_tool_name
 from agent.pipeline.gateway import Gateway
 from agent.pipeline.price_terms import PaymentOption, PriceTerms
 
@@ -87,13 +86,16 @@ def _fixed_usd(terms: PriceTerms) -> Decimal | None:
     return terms.price_usd if terms.pricing == "fixed" else None
 
 
-def mcp_tool(skill_id: str, kind: str, operation: str | None) -> str | None:
-    """The tool that calls this at /mcp (agent/mcp/face.py's naming): a resource's id with
-    characters MCP clients refuse as `_`; a model operation's tool (`chat_completions`, the model
-    an argument). None: an upload operation, REST only."""
+def mcp_tool(skill_id: str, kind: str, operation: str | None,
+             model_operations: Collection[str] = ()) -> str | None:
+    """The tool that calls this at /mcp (the catalogue's `mcp_tool_name`, as the MCP face names
+    it; `model_operations`: every model's, whose tools a resource's name must not take); a model
+    operation's tool (`chat_completions`, the model an argument). None: an upload operation,
+    REST only."""
     if kind == "model":
         return None if operation is None or operation in FORM_FILE_FIELDS else operation.replace(".", "_")
-    return re.sub(r"[^a-zA-Z0-9_-]", "_", skill_id)[:64]
+    reserved = {op.replace(".", "_") for op in model_operations if op not in FORM_FILE_FIELDS}
+    return mcp_tool_name(skill_id, reserved)
 
 
 def payments_note(options: Sequence[PaymentOption], devnet: bool) -> str:
@@ -191,7 +193,8 @@ def routes(gateway: Gateway, base_url: str, version: str, devnet_dir: Path | Non
             "price": terms.as_json(),
             "example": body,
             "input_schema": skill.input_schema,
-            "mcp_tool": mcp_tool(skill.id, skill.kind, operation),
+            "mcp_tool": mcp_tool(skill.id, skill.kind, operation,
+                                 {op for m in catalogue.of_kind("model") for op in m.operations}),
             "snippets": snippets(entry),
         }, headers=JSON_HEADERS)
 

@@ -2,9 +2,9 @@
 
 Tools (`tools/list`, free, paged by cursor), what a call can buy now (the one availability rule,
 `Catalogue.available`: not switched off by the operator, runnable as configured):
-- one tool per marketplace resource for sale (and the free `help`): its id as the name
-  (characters MCP clients refuse become `_`), its description, its input JSON Schema. A resource
-  that is not for sale is not listed; its name still calls, and answers its 503;
+- one tool per marketplace resource for sale (and the free `help`): its name from its id alone
+  (`tool_name`), its description, its input JSON Schema. A resource that is not for sale is not
+  listed; its name still calls, and answers its 503;
 - one tool per JSON model operation (`chat_completions`, `embeddings`, `images_generations`...)
   with the model as an enum argument: a client shows its user a handful of tools, not one per
   model and operation (100+ models x operations would swamp a tool picker and an LLM's context).
@@ -12,6 +12,16 @@ Tools (`tools/list`, free, paged by cursor), what a call can buy now (the one av
   that take an uploaded file (transcriptions, translations, image edits) are REST only.
 Every tool's description ends with its price (`PriceTerms.summary`) and its `_meta` carries the
 price terms (`paywire/price`; a model tool also each model's unit prices, `paywire/model_prices`).
+
+The registry changes while clients page (federation imports, reprices and withdraws resources):
+- the tools are listed in one total order (help, the model tools, then the rest, each by name) and
+  a cursor names the last tool of its page (`_cursor`): the next page starts after that place,
+  whether or not that tool still exists, so a change between pages neither repeats nor skips a
+  tool that stays (a tool added before the cursor shows on the next full listing);
+- a tool's name depends on its skill's id only (`tool_name`), never on which other skills exist
+  or their order: removing one never renames another;
+- the table is rebuilt per catalogue generation, but each skill's tool is kept while the registry
+  holds the same Skill object: after one change only that skill's tool is built again.
 
 `tools/call` is the one pipeline (`Gateway.call`), x402's MCP transport (tool-result binding):
 no payment -> an `isError` result whose `structuredContent` (and `content[0].text`) is the v2
@@ -31,10 +41,12 @@ SDK's request model would refuse it as -32602).
 from __future__ import annotations
 
 import base64
+import binascii
+import bisect
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, get_args
@@ -49,7 +61,7 @@ from x402.extensions.bazaar import BAZAAR, DeclareMcpDiscoveryConfig, declare_mc
 
 from agent.edge.http_io import HttpProblem, client_address, json_bytes, json_value
 from agent.edge.rpc import MCP_ENVELOPE, take_rpc
-from agent.pipeline.catalogue import HELP_SKILL
+from agent.pipeline.catalogue import HELP_SKILL, mcp_tool_name
 from agent.pipeline.gateway import Gateway
 from agent.pipeline.outcomes import Delivered, Outcome, PaymentDemanded, Refused
 from agent.pipeline.price_terms import PriceTerms, route_terms
@@ -74,8 +86,9 @@ TIMINGS_STATE = "paywire_mcp_timings"  # request state: the pipeline's stage tim
 # Model operations whose request carries an uploaded file (multipart on REST): not offered here.
 UPLOAD_OPERATIONS = frozenset({"audio.transcriptions", "audio.translations", "images.edits"})
 _STREAM_FIELDS = frozenset({"stream", "stream_options"})  # REST only: a tool result is whole
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what MCP clients accept as a tool name
-_CURSOR = re.compile(r"[0-9]{1,9}")  # a cursor this server gave: a tool index, ASCII digits only
+_CURSOR_CHARS = 100  # a cursor is base64url of "<rank>:<name>": at most 90 characters
+_CURSOR_TEXT = re.compile(r"([0-2]):([a-zA-Z0-9_-]{1,64})")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
 _EXAMPLE_CHARS = 600  # an example longer than this stays out of the description (it is in _meta)
 INSTRUCTIONS = (
     "paywire sells AI models and data resources per call, paid in USDC with x402 on Base or Solana. "
@@ -107,31 +120,68 @@ class ToolTarget:
     extensions: dict[str, Any] = field(default_factory=dict)
 
 
+Key = tuple[int, str]  # a tool's place in tools/list: (rank, name)
+
+
 @dataclass
 class ToolTable:
     """Every tool, built once per catalogue generation (the registry's version and the
-    operator's switches)."""
+    operator's switches); `tools` in tools/list order, `keys` their places (sorted)."""
 
-    size: tuple[int, int]
+    generation: tuple[int, int]
     tools: list[types.Tool] = field(default_factory=list)
+    keys: list[Key] = field(default_factory=list)
     targets: dict[str, ToolTarget] = field(default_factory=dict)
 
 
-def tool_name(skill_id: str, taken: set[str]) -> str:
-    """An MCP tool name for `skill_id`: itself when clients accept it, else with `.` (and anything
-    else outside [a-zA-Z0-9_-]) as `_`, cut to 64 characters; a name already taken gets `-2`, `-3`..."""
-    base = skill_id if _NAME.match(skill_id) else re.sub(r"[^a-zA-Z0-9_-]", "_", skill_id)[:64] or "tool"
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        suffix = f"-{n}"
-        name = base[:64 - len(suffix)] + suffix
-    return name
+@dataclass(frozen=True)
+class _Built:
+    """One skill's tool, kept across rebuilds while the registry holds this very Skill object (a
+    replaced skill is a new object)."""
+
+    skill: Skill
+    tool: types.Tool
+    target: ToolTarget
+
+
+def tool_name(skill_id: str, reserved: Collection[str] = ()) -> str:
+    """The MCP tool name of the skill `skill_id` (agent/pipeline/catalogue.py's rule)."""
+    return mcp_tool_name(skill_id, reserved)
+
+
+def reserved_names(model_operations: Collection[str]) -> frozenset[str]:
+    """The model tools' names (every model's operations but uploads, offered or not: a resource's
+    name must not move when the operator switches a model off)."""
+    return frozenset(operation_tool_name(op) for op in model_operations if op not in UPLOAD_OPERATIONS)
 
 
 def operation_tool_name(operation: str) -> str:
     """`chat.completions` -> `chat_completions`."""
     return operation.replace(".", "_")
+
+
+def _rank(tool: types.Tool) -> int:
+    """help first (what a client should look at before anything else), the model tools, the rest."""
+    if tool.name == HELP_SKILL:
+        return 0
+    return 1 if OPERATION_META in (tool.meta or {}) else 2
+
+
+def _cursor(key: Key) -> str:
+    """The cursor after `key`: opaque to clients (base64url), bounded, checked when it comes back."""
+    return base64.urlsafe_b64encode(f"{key[0]}:{key[1]}".encode()).decode().rstrip("=")
+
+
+def _cursor_key(cursor: str) -> Key | None:
+    """The place a cursor names (None: not one this server could have given)."""
+    if len(cursor) > _CURSOR_CHARS or not _BASE64URL.fullmatch(cursor):
+        return None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
+    except (binascii.Error, ValueError):
+        return None
+    found = _CURSOR_TEXT.fullmatch(text)
+    return (int(found.group(1)), found.group(2)) if found is not None else None
 
 
 def _example_text(example: dict[str, Any]) -> str | None:
@@ -149,6 +199,7 @@ class McpFace:
         self.url = f"{base_url}/mcp"
         self.max_body = max_body_bytes
         self._table: ToolTable | None = None
+        self._built: dict[str, _Built] = {}  # each skill's tool, by skill id (see _Built)
         self.server: Server[Any, Request] = Server("paywire", version=VERSION, instructions=INSTRUCTIONS)
         # Handlers registered directly (what the SDK's decorators do underneath): the decorators
         # would validate arguments with their own messages before the pipeline (which names the
@@ -210,38 +261,51 @@ class McpFace:
     # ---- tools/list ---------------------------------------------------------------------------------
 
     def table(self) -> ToolTable:
-        """The tools, rebuilt only when the registry grew or the operator's switches changed."""
+        """The tools, rebuilt only when the registry or the operator's switches changed."""
         table = self._table
-        if table is None or table.size != self.catalogue.generation:
+        if table is None or table.generation != self.catalogue.generation:
             table = self._table = self._build_table()
         return table
 
     def _build_table(self) -> ToolTable:
-        table = ToolTable(size=self.catalogue.generation)
+        table = ToolTable(generation=self.catalogue.generation)
+        skills = self.catalogue.all()
+        models = [s for s in skills if s.kind == "model"]
         by_operation: dict[str, list[Skill]] = {}
-        for skill in self.catalogue.all():
-            if skill.kind == "model":
-                if self.catalogue.available(skill):  # configured here, not switched off
-                    for op in skill.operations:
-                        if op not in UPLOAD_OPERATIONS:
-                            by_operation.setdefault(op, []).append(skill)
-        # Model tools first: their names are fixed; a resource that would take one is renamed.
-        for op, models in by_operation.items():
-            name = tool_name(operation_tool_name(op), set(table.targets))
-            tool = self._model_tool(name, op, models)
-            table.targets[name] = ToolTarget(name, operation=op, models=frozenset(m.id for m in models),
+        for skill in models:
+            if self.catalogue.available(skill):  # configured here, not switched off
+                for op in skill.operations:
+                    if op not in UPLOAD_OPERATIONS:
+                        by_operation.setdefault(op, []).append(skill)
+        listed: list[types.Tool] = []
+        for op, serving in by_operation.items():
+            name = operation_tool_name(op)
+            tool = self._model_tool(name, op, serving)
+            table.targets[name] = ToolTarget(name, operation=op, models=frozenset(m.id for m in serving),
                                              extensions=_bazaar(tool, None))
-            table.tools.append(tool)
-        for skill in self.catalogue.all():
-            if skill.kind != "model":
-                name = tool_name(skill.id, set(table.targets))
+            listed.append(tool)
+        reserved = reserved_names({op for m in models for op in m.operations})
+        built: dict[str, _Built] = {}
+        for skill in skills:
+            if skill.kind == "model":
+                continue
+            name = tool_name(skill.id, reserved)
+            if name in table.targets:  # two ids, one 48-bit digest: not by chance; never a crash
+                log.warning("MCP tool name %s is taken; %s gets a numbered one", name, skill.id)
+                name = _numbered(name, table.targets)
+            kept = self._built.get(skill.id)
+            if kept is None or kept.skill is not skill or kept.target.name != name:
                 tool = self._skill_tool(name, skill)
                 example = skill.examples[0] if skill.examples else None
-                table.targets[name] = ToolTarget(name, skill=skill, extensions=_bazaar(tool, example))
-                if self.catalogue.available(skill):  # listed when a call can buy it (else: its 503)
-                    table.tools.append(tool)
-        # the help tool first: what a client (and its user) should look at before anything else
-        table.tools.sort(key=lambda t: t.name != HELP_SKILL)
+                kept = _Built(skill, tool, ToolTarget(name, skill=skill, extensions=_bazaar(tool, example)))
+            built[skill.id] = kept
+            table.targets[name] = kept.target
+            if self.catalogue.available(skill):  # listed when a call can buy it (else: its 503)
+                listed.append(kept.tool)
+        self._built = built  # a removed skill's tool goes with it
+        listed.sort(key=lambda t: (_rank(t), t.name))
+        table.tools = listed
+        table.keys = [(_rank(t), t.name) for t in listed]
         return table
 
     def _skill_tool(self, name: str, skill: Skill) -> types.Tool:
@@ -287,18 +351,20 @@ class McpFace:
                           **{"_meta": meta})
 
     async def _list_tools(self, req: types.ListToolsRequest | None) -> types.ServerResult:
-        tools = self.table().tools
+        table = self.table()
         cursor = req.params.cursor if req is not None and req.params is not None else None
         start = 0
         if cursor is not None:
-            if not _CURSOR.fullmatch(cursor) or not 0 < int(cursor) < len(tools):
+            key = _cursor_key(cursor)
+            if key is None:
                 raise McpError(types.ErrorData(
                     code=types.INVALID_PARAMS,
                     message="'cursor' is not one this server gave; list again without one"))
-            start = int(cursor)
+            start = bisect.bisect_right(table.keys, key)  # after it, whether or not it still exists
         end = start + TOOLS_PER_PAGE
+        more = end < len(table.tools)
         return types.ServerResult(types.ListToolsResult(
-            tools=tools[start:end], nextCursor=str(end) if end < len(tools) else None))
+            tools=table.tools[start:end], nextCursor=_cursor(table.keys[end - 1]) if more else None))
 
     # ---- tools/call ---------------------------------------------------------------------------------
 
@@ -361,6 +427,16 @@ class McpFace:
                                 else "unsupported_model", "'model' names no model of this gateway "
                                 "that serves this tool; its `model` enum lists those for sale", "model")
         return skill
+
+
+def _numbered(name: str, taken: Collection[str]) -> str:
+    """`name` with the first free `-2`, `-3`... (only for a digest clash)."""
+    n = 1
+    while True:
+        n += 1
+        numbered = f"{name[:64 - len(str(n)) - 1]}-{n}"
+        if numbered not in taken:
+            return numbered
 
 
 def _request_methods() -> frozenset[str]:

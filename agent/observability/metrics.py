@@ -12,6 +12,13 @@ on every answer (`X-Request-Id`), and one log line per paid call (agent/observab
 - `CallFacts.of`: what a call's Outcome says, once, for the metrics and the log line. Labels are
   bounded: skills are the registry's ids (an unknown one is "unknown"), networks the configured
   ones (anything else "other"), outcomes the pipeline's codes.
+- The skill label (`Metrics.skill_label`) stays bounded however many skills the registry holds or
+  churns through (federation imports thousands and replaces them at run time; each label value
+  is a series per network and outcome, kept for the process's life): a resource imported by
+  federation (its `source` starts with "federation:") is counted under its source, and at most
+  `MAX_SKILL_LABELS` distinct values are ever given, first come first served; calls of any
+  other skill after that are counted under "other". The paid call's log line always names the
+  skill itself.
 - `Observer`: the pipeline's `CallObserver` (agent/pipeline/gateway.py); `RequestObserver`: pure ASGI,
   outermost: the request id in and out, requests counted by route template and status.
 - `metrics_route`: `GET /metrics`, behind `PAYWIRE_METRICS_TOKEN` when one is set.
@@ -53,7 +60,11 @@ STAGE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.0
 LEDGER_READ_TIMEOUT_SECONDS = 5.0  # a scrape answers even when the database hangs
 FACILITATOR_TROUBLE = frozenset({"facilitator_unavailable", "settlement_pending", "settlement_failed"})
 UNKNOWN_SKILL = "unknown"
+OTHER_SKILL = "other"  # the skill label once MAX_SKILL_LABELS values are given
 OTHER_NETWORK = "other"
+MAX_SKILL_LABELS = 250  # the built-in resources and ~100 models, with room for the busiest others
+FEDERATED = "federation:"  # how an imported resource's `source` starts: its label is the source
+_LABEL_CHARS = 100
 _NAME = re.compile(r"[A-Za-z0-9._/-]{1,64}")  # an operation name fit for a log line
 STATE_KEY = "paywire_request_id"  # the request's id in the ASGI scope's state (the 500 handler's)
 
@@ -77,13 +88,15 @@ class CallFacts:
     tx_hash: str | None
     payer: str | None
     latency_ms: float
+    source: str = ""  # the skill's `source` (where it was loaded or imported from)
 
     @staticmethod
     def of(req: CallRequest, outcome: Outcome, networks: Mapping[str, str],
            skills: Any) -> CallFacts:
         receipt = getattr(outcome, "receipt", None)
         skill = req.skill.id if req.skill is not None else req.skill_id
-        if skills.get(skill) is None:  # the caller's text, not one of ours: never a label
+        found = skills.get(skill)
+        if found is None:  # the caller's text, not one of ours: never a label
             skill = UNKNOWN_SKILL
         network = _network_of(req, receipt, networks)
         revenue, amount, cost, state = 0, None, None, None
@@ -118,7 +131,8 @@ class CallFacts:
             upstream_cost_usd=cost, ledger_state=state,
             tx_hash=(receipt.transaction or None) if receipt is not None else None,
             payer=(receipt.payer or None) if receipt is not None else None,
-            latency_ms=round(outcome.timings.total_ms(), 2))
+            latency_ms=round(outcome.timings.total_ms(), 2),
+            source=str(getattr(found, "source", "") or ""))
 
     def log_fields(self) -> dict[str, Any]:
         """The paid call's log line (no payload, no payment header, no signature)."""
@@ -148,8 +162,10 @@ def _network_of(req: CallRequest, receipt: Any, networks: Mapping[str, str]) -> 
 class Metrics:
     """The app's instruments, on a registry of its own."""
 
-    def __init__(self, version: str = "") -> None:
+    def __init__(self, version: str = "", max_skill_labels: int = MAX_SKILL_LABELS) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.max_skill_labels = max_skill_labels
+        self._skill_labels: set[str] = set()  # the skill label values given so far
         r = self.registry
         Gauge("paywire_build_info", "1, labelled with the paywire version this replica runs",
               ["version"], registry=r).labels(version).set(1)
@@ -188,8 +204,20 @@ class Metrics:
     def request_done(self, route: str, status: int) -> None:
         self._child(self.requests, route, str(status)).inc()
 
+    def skill_label(self, skill: str, source: str = "") -> str:
+        """The `skill` label of a call of `skill` (loaded from `source`): an imported resource's
+        source, else the id; "other" once `max_skill_labels` values are given (the module's
+        docstring says why)."""
+        label = source[:_LABEL_CHARS] if source.startswith(FEDERATED) else skill
+        if label in self._skill_labels or label == UNKNOWN_SKILL:
+            return label
+        if len(self._skill_labels) >= self.max_skill_labels:
+            return OTHER_SKILL
+        self._skill_labels.add(label)
+        return label
+
     def call_done(self, facts: CallFacts, stages: Mapping[str, float]) -> None:
-        skill, network, child = facts.skill, facts.network, self._child
+        skill, network, child = self.skill_label(facts.skill, facts.source), facts.network, self._child
         child(self.calls, skill, network, facts.outcome).inc()
         if facts.revenue_atomic:
             child(self.revenue_atomic, skill, network).inc(facts.revenue_atomic)

@@ -15,8 +15,10 @@ out."""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -206,3 +208,23 @@ def fixed_price_text(skill: Skill) -> str | None:
     if skill.pricer is not None or skill.price_usd is None:  # a pricer wins, as in Skill.price()
         return None
     return "free" if skill.price_usd == 0 else display_usd(skill.price_usd)
+
+
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # what MCP clients accept as a tool name
+_DIGEST_CHARS = 12  # hex of the id's SHA-256 a renamed tool ends with (48 bits: no clash by chance)
+_RENAMED = re.compile(r"-[0-9a-f]{12}$")  # how a renamed tool ends: an id ending so is renamed too
+
+
+def mcp_tool_name(skill_id: str, reserved: Collection[str] = ()) -> str:
+    """The MCP tool name of the skill `skill_id`, from its id alone: adding or removing another
+    skill never renames it (a registry-order `-2` would). The id itself when MCP clients accept it
+    ([a-zA-Z0-9_-], at most 64 characters), is not `reserved` (a model operation's tool name) and
+    does not end like a renamed name; else the id with every other character as `_`, cut to 51,
+    then `-` and 12 hex digits of the id's SHA-256. So a federated `x402.host.path.digest` and a
+    local `x402_host_path_digest` never take each other's name. The MCP face names its tools by
+    it, and the catalogue page shows the same names."""
+    if _TOOL_NAME.fullmatch(skill_id) and skill_id not in reserved and not _RENAMED.search(skill_id):
+        return skill_id
+    digest = hashlib.sha256(skill_id.encode()).hexdigest()[:_DIGEST_CHARS]
+    base = re.sub(r"[^a-zA-Z0-9_-]", "_", skill_id)[:64 - 1 - _DIGEST_CHARS]
+    return f"{base}-{digest}"
