@@ -87,7 +87,7 @@ _MOST_DIGITS = 30  # an amount longer than this is no price (USDC's whole supply
 Scheme = Literal["auto", "upto", "exact"]
 SCHEMES: tuple[Scheme, ...] = ("auto", "upto", "exact")
 APPROVE_HINT = ("approve Permit2 once with `paywire pay --approve-permit2 URL` (one transaction, "
-                "its gas paid by the payer's ETH; the devnet faucet gives no ETH)")
+                "its gas paid by the payer's ETH; on a devnet the faucet's `eth_wei` gives some)")
 
 
 class PayError(Exception):
@@ -711,7 +711,7 @@ async def _approve(node: str, keys: PayerKeys, chosen: Any) -> str:
     except Exception as exc:  # web3's many failures (no gas, reverted, node down): one line
         raise PayError(f"the Permit2 approval on {chosen.network} failed ({type(exc).__name__}: "
                        f"{' '.join(str(exc).split())[:200]}); it needs ETH for gas in the payer's "
-                       "account (the devnet faucet gives none); nothing was paid") from None
+                       "account (on a devnet, the faucet's `eth_wei` gives it); nothing was paid") from None
     return f"approved Permit2 for USDC {chosen.asset} on {chosen.network} (transaction {tx})"
 
 

@@ -54,7 +54,7 @@ def register(commands: Commands) -> None:
     payp.add_argument("--approve-permit2", action="store_true",
                       help="if the payer has not approved Permit2 for the quote's USDC (needed by "
                       "upto), send that approval first: one transaction, its gas paid with the "
-                      "payer's ETH (the devnet faucet gives none)")
+                      "payer's ETH (on a devnet: the faucet's eth_wei)")
     payp.add_argument("--deposit", metavar="USD",
                       help="pay through an x402 batch-settlement channel when the server offers one "
                       "(EVM, --scheme auto): the most the channel may hold unspent, deposits less "
