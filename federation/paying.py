@@ -48,6 +48,7 @@ from payments.payer import (
     parse_402,
     receipt_from,
     sign_payment,
+    signed_validity,
 )
 from payments.payer_mistakes import usdc_held
 from payments.processor import Matched, identify
@@ -63,6 +64,7 @@ from .store import (
     Caps,
     FederationStore,
     Intent,
+    IntentMoved,
     IntentState,
     NewIntent,
     StoredAnswer,
@@ -74,6 +76,10 @@ SIGNATURE_HEADER = "PAYMENT-SIGNATURE"
 V1_SIGNATURE_HEADER = "X-PAYMENT"
 # Answers that mean "the seller has this payment's call in hand: send the same payment again".
 _NOT_YET = {503, 409}
+
+
+_ABANDONED = ("the payment to the seller was given up while this call waited (its lease ran "
+              "out); nothing was sent: call again")
 
 
 class UpstreamPriceRaised(UpstreamError):
@@ -188,10 +194,13 @@ class UpstreamPayer:
             raise
         text = signed.model_dump_json(by_alias=True, exclude_none=True)
         chain_ref = identify(Matched(signed, chosen, chosen)).chain_ref
-        valid_before = datetime.fromtimestamp(time.time() + self.limits.max_validity_seconds
-                                              + 60, UTC)
-        await self.store.mark_signed(opened.id, payload=text, chain_ref=chain_ref,
-                                     valid_before=valid_before)
+        valid_before = datetime.fromtimestamp(
+            time.time() + signed_validity(chosen, self.limits.max_validity_seconds), UTC)
+        try:
+            await self.store.mark_signed(opened.id, payload=text, chain_ref=chain_ref,
+                                         valid_before=valid_before)
+        except IntentMoved:  # the reconciler voided it meanwhile: nothing is sent
+            raise UpstreamError(_ABANDONED) from None
         failpoints.reached("federation_after_signed")
         return await self._send(imported, opened, text, signed.x402_version, payload)
 
@@ -237,9 +246,9 @@ class UpstreamPayer:
             if dearer:
                 now = min(d[0] for d in dearer)
                 raise UpstreamPriceRaised(
-                    f"{offer.seller} now asks {now} USD for '{imported.resource_id}', more than "
-                    f"the {offer.upstream_usd} USD its price was quoted on; nothing was charged "
-                    "(the price is updated at the next refresh of the catalogue)")
+                    f"{offer.seller} now asks {usd_text(now)} USD for '{imported.resource_id}', "
+                    f"more than the {usd_text(offer.upstream_usd)} USD its price was quoted on "
+                    "(the price follows at the next refresh of the catalogue)")
             raise UpstreamError(f"{offer.seller} no longer takes a payment this gateway can make "
                                 f"for '{imported.resource_id}'")
         _, _, chosen, amount = min(payable, key=lambda p: (p[0], p[1]))
@@ -263,8 +272,9 @@ class UpstreamPayer:
         if held < amount:
             raise SkillUnavailableError(
                 f"'{imported.resource_id}' is unavailable: this gateway's wallet for paying "
-                f"upstream sellers holds {usd_text(atomic_to_usd(held, network.decimals))} on "
-                f"{network.caip2}, less than the {usd_text(atomic_to_usd(amount, network.decimals))} "
+                f"upstream sellers holds {usd_text(atomic_to_usd(held, network.decimals))} USD "
+                f"on {network.caip2}, less than the "
+                f"{usd_text(atomic_to_usd(amount, network.decimals))} USD "
                 f"{imported.offer.seller} asks; nothing was charged (the operator funds "
                 f"{owner})")
 
@@ -296,7 +306,10 @@ class UpstreamPayer:
         offer = imported.offer
         header = SIGNATURE_HEADER if version >= 2 else V1_SIGNATURE_HEADER
         encoded = _base64(text)
-        await self.store.mark_sent(intent.id)
+        try:
+            await self.store.mark_sent(intent.id)
+        except IntentMoved:  # void (or settled by another attempt): nothing is sent again
+            raise UpstreamError(_ABANDONED) from None
         deadline = time.monotonic() + self.timeout_seconds
         for attempt in range(self.limits.resends):
             try:
@@ -304,9 +317,9 @@ class UpstreamPayer:
             except UpstreamError as exc:
                 await self.store.note_error(intent.id, exc.message)
                 await self.store.hand_back(intent.id, owner=self.owner)
-                raise UpstreamError(
+                raise type(exc)(  # a timeout stays one (504), not any upstream error (502)
                     f"{exc.message}; the payment to the seller is unresolved: retry the same call "
-                    "with the same payment (the seller is not paid twice); nothing was charged") from None
+                    "with the same payment (the seller is not paid twice)") from None
             if 200 <= fetched.status < 300:
                 receipt = receipt_from(httpx.Headers(dict(fetched.headers)))
                 answer = StoredAnswer(fetched.status, fetched.media_type, fetched.body)

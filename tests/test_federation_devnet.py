@@ -130,6 +130,12 @@ def test_each_imports_the_others_resources_priced_with_its_margin_and_no_resale(
                                      params={"limit": 100}, timeout=10).text
     assert f"/v1/marketplace/api/{world.resold}" in httpx.get(f"{world.a.url}/openapi.json",
                                                               timeout=30).text
+    card = httpx.get(f"{world.a.url}/.well-known/agent.json", timeout=10).json()
+    assert world.resold in {skill["id"] for skill in card["skills"]}
+    # the catalogue page (a script over /api/marketplace/apis and /catalogue/skills/{id}) counts it
+    home = httpx.get(f"{world.a.url}/", headers={"Accept": "application/json"}, timeout=10).json()
+    listed = httpx.get(f"{world.a.url}/api/marketplace/apis", timeout=10).json()["data"]["total"]
+    assert home["counts"]["resources"] == listed >= len(resold) + 1
     response, required = quote(f"{world.a.url}/v1/marketplace/api/{world.resold}", INPUT)
     assert {int(r.amount) for r in required.accepts if r.scheme == "exact"} == {resale_price(LOCAL_PRICE)}
     assert "bazaar" in (required.extensions or {})
