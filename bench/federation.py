@@ -62,8 +62,10 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+# ahead of bench/ (this script's folder): `federation` is the package, not this file
 sys.path.insert(0, str(ROOT))
 
+import spy_profile  # noqa: E402 - bench/spy_profile.py
 from eth_account import Account  # noqa: E402
 from x402 import x402Client  # noqa: E402
 from x402.extensions.bazaar import (  # noqa: E402
@@ -223,7 +225,8 @@ async def call_block(http: httpx.AsyncClient, url: str, calls: int, concurrency:
 
 
 async def measure_overhead(direct_url: str, resale_url: str, caller_key: str, calls: int,
-                           levels: list[int], cpu_of: Callable[[], Cpu]) -> None:
+                           levels: list[int], cpu_of: Callable[[], Cpu], a_pid: int,
+                           spy_to: Path | None) -> None:
     client = x402Client()
     client.set_spend_controls(False)
     register_exact_evm_client(client, EthAccountSigner(Account.from_key(caller_key)))
@@ -236,11 +239,16 @@ async def measure_overhead(direct_url: str, resale_url: str, caller_key: str, ca
             direct, resale = Calls(), Calls()
             cpu = {"B": cpu_of(), "A": cpu_of()}
             half = calls // 2
-            for size in (half, calls - half):  # interleaved halves: B, A, B, A
+            spied = spy_to.with_name(f"{spy_to.name}-c{concurrency}") if spy_to else None
+            for number, size in enumerate((half, calls - half)):  # interleaved: B, A, B, A
                 with cpu["B"].span():
                     await call_block(http, direct_url, size, concurrency, direct)
+                spy = (spy_profile.start(a_pid, spied.with_suffix(f".{number}.txt"))
+                       if spied else None)
                 with cpu["A"].span():
                     await call_block(http, resale_url, size, concurrency, resale)
+                if spy is not None:
+                    await asyncio.to_thread(spy_profile.stop, spy)
             if direct.bodies != resale.bodies or len(direct.bodies) != 1:
                 raise SystemExit("A's answers are not B's answer")
             print(f"  concurrency {concurrency}, {calls} calls each")
@@ -261,6 +269,13 @@ async def measure_overhead(direct_url: str, resale_url: str, caller_key: str, ca
                 row(f"CPU per call while calling {name} (ms)",
                     f"A {per['A']:.1f}, B {per['B']:.1f}, devnet {per['devnet']:.1f}, "
                     f"client {per['me']:.1f}; others {used.others_pct():.0f}% of the box")
+            if spied is not None:  # A's samples over both halves: µs per federated call
+                folded = spied.with_suffix(".txt")
+                folded.write_text("".join(spied.with_suffix(f".{n}.txt").read_text()
+                                          for n in range(2)))
+                spied.with_suffix(".summary.txt").write_text(
+                    spy_profile.summary(folded, len(resale.ms), top=40) + "\n")
+                row("py-spy of A", str(spied.with_suffix(".summary.txt")))
 
 
 def overhead(args: argparse.Namespace) -> None:
@@ -296,7 +311,8 @@ def overhead(args: argparse.Namespace) -> None:
                     asyncio.run(measure_overhead(
                         f"{b.url}/v1/marketplace/api/{LOCAL}",
                         f"{a.url}/v1/marketplace/api/{found['resource_id']}", caller.evm_key,
-                        args.calls, args.concurrency, lambda p=pids: Cpu(dict(p))))
+                        args.calls, args.concurrency, lambda p=pids: Cpu(dict(p)),
+                        a.proc.pid, args.py_spy / f"a-{chain}" if args.py_spy else None))
             finally:
                 a.stop()
                 b.stop()
@@ -664,9 +680,11 @@ def serve_and_read(data_dir: Path, database_url: str | None, label: str) -> None
                          "/discovery/resources?limit=100"):
                 read = ((lambda: tools_list(http)) if path.startswith("mcp")
                         else (lambda p=path: get(http, p)))  # type: ignore[misc]
-                _, first = timed(read)
+                answer, first = timed(read)
                 _, warm = timed(read)
-                row(f"  {path}: first / warm", f"{first:,.1f} / {warm:,.1f} ms")
+                size = (f"{len(answer['tools'])} tools" if isinstance(answer, dict)
+                        else f"{len(answer.content) / 1000:,.0f} kB")
+                row(f"  {path}: first / warm", f"{first:,.1f} / {warm:,.1f} ms ({size})")
     finally:
         live.stop()
 
@@ -719,11 +737,16 @@ def main() -> None:
                         help="distinct input schemas among the resources")
     parser.add_argument("--db", default="sqlite,postgresql", help="sqlite, postgresql")
     parser.add_argument("--rounds", type=int, default=2, help="gateway startups of each kind")
+    parser.add_argument("--py-spy", type=Path, metavar="DIR",
+                        help="sample A during its calls with py-spy (bench/spy_profile.py; "
+                             "PY_SPY=/path/to/py-spy) into DIR, a summary per chain and level")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.upstream_chain = args.upstream_chain.split(",")
     args.db = args.db.split(",")
+    if args.py_spy:
+        args.py_spy.mkdir(parents=True, exist_ok=True)
     if "overhead" in parts:
         overhead(args)
     if parts & {"import", "gateway"}:

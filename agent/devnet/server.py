@@ -127,7 +127,8 @@ def _summary(env: dict[str, str], devnet: Devnet, base_url: str, data_dir: Path,
                      "written there (mode 0600)")
     lines += [f"  demo payer (100 USDC on each chain, used by `paywire pay`): "
               f"{keys.evm_payer_address} (EVM), {keys.sol_payer_address} (Solana)",
-              f"  faucet: POST {base_url}/devnet/faucet {{\"network\", \"address\", \"amount\", \"eth_wei\"?}}"]
+              f"  faucet: POST {base_url}/devnet/faucet "
+              "{\"network\", \"address\", \"amount\", \"eth_wei\"?}"]
     return "\n".join(lines)
 
 
