@@ -14,9 +14,7 @@ import base64
 import signal
 import stat
 import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +30,9 @@ from solders.transaction import VersionedTransaction
 from agent.cli.main import main as paywire_main
 from agent.settings import Settings
 from payments.networks import BASE_SEPOLIA, SOLANA_DEVNET
+from tests.support.devnet_world import DevnetProcess, running_devnet
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, post_paid, quote, receipt, sign
-from tests.support.served_process import PAYWIRE, ROOT, free_port, paywire_env, start_paywire, stop
+from tests.support.served_process import free_port, paywire_env, start_paywire, stop
 
 # solana-py 0.39 deprecates its sync Client, which the SDK's SVM code uses.
 pytestmark = [
@@ -45,75 +44,12 @@ RESOURCE = "/v1/marketplace/api/token-count-508"
 FUNDS = 1_000_000  # 1 USDC from the faucet per payer and chain
 
 
-@dataclass
-class DevnetProcess:
-    url: str
-    env: dict[str, str]  # the env file's settings
-    env_file: Path
-    data_dir: Path
-    output: Path  # stdout and stderr, merged
-    proc: subprocess.Popen[str]
-
-    def rpc(self, chain: str, method: str, params: list[Any] | None = None) -> Any:
-        reply = httpx.post(f"{self.url}/devnet/{chain}", timeout=30, json={
-            "jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}).json()
-        assert "error" not in reply, reply
-        return reply["result"]
-
-    def balance(self, network: str, address: str) -> int:
-        answer = httpx.get(f"{self.url}/devnet/balance", timeout=30,
-                           params={"network": network, "address": address})
-        assert answer.status_code == 200, answer.text
-        return int(answer.json()["balance"])
-
-    def faucet(self, network: str, address: str, amount: int) -> str:
-        answer = httpx.post(f"{self.url}/devnet/faucet", timeout=30,
-                            json={"network": network, "address": address, "amount": amount})
-        assert answer.status_code == 200, answer.text
-        return str(answer.json()["transaction"])
-
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
-    return dict(line.split("=", 1) for line in lines)
-
-
-def _wait_until(ready: Any, proc: subprocess.Popen[str], what: str, timeout: float = 60) -> None:
-    """Poll `ready()` with a deadline; fail at once if the process died."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if proc.poll() is not None:
-            raise AssertionError(f"the process exited ({proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout} s")
-        time.sleep(0.05)  # polling readiness with a deadline
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevnetProcess]:
     """`paywire devnet --port 0 --env-file ...`: the system picks the port, the env file names it;
     the keys go to PAYWIRE_DATA_DIR, as `paywire serve` and `paywire pay` read it."""
-    folder = tmp_path_factory.mktemp("devnet")
-    env_file, data_dir, output = folder / "gateway.env", folder / "devnet-data", folder / "devnet.log"
-    with output.open("w") as sink:
-        proc = subprocess.Popen(
-            [*PAYWIRE, "devnet", "--port", "0", "--env-file", str(env_file), "--log-level", "info"],
-            env=paywire_env(data_dir), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_until(env_file.exists, proc, "env file")
-        env = _read_env_file(env_file)
-        url = env["PAYWIRE_EVM_RPC_URL"].removesuffix("/devnet/evm")
-        _wait_until(lambda: _healthy(f"{url}/healthz"), proc, "GET /healthz")
-        yield DevnetProcess(url, env, env_file, data_dir, output, proc)
-    finally:
-        stop(proc)
+    with running_devnet(tmp_path_factory.mktemp("devnet"), log_level="info") as running:
+        yield running
 
 
 def test_prints_the_public_settings_and_writes_the_keys_only_to_the_env_file(
@@ -243,7 +179,7 @@ def test_evm_mining_pauses_and_mines_what_waits_in_one_block(devnet: DevnetProce
     try:
         waiting = [_evm_transfer(devnet, key, to, nonce, 1_000),
                    _evm_transfer(devnet, key, to, nonce + 1, 2_000)]
-        waiting.append(devnet.faucet(EVM_NET, minted_to, 7))  # the faucet's mint waits too
+        waiting.append(devnet.faucet(EVM_NET, minted_to, 7)["transaction"])  # the faucet's mint waits too
         assert [devnet.rpc("evm", "eth_getTransactionReceipt", [tx]) for tx in waiting] == [None] * 3
         assert int(devnet.rpc("evm", "eth_getTransactionCount", [sender, "pending"]), 16) == nonce + 2
         assert int(devnet.rpc("evm", "eth_getTransactionCount", [sender, "latest"]), 16) == nonce

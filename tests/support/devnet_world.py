@@ -129,14 +129,14 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def running_devnet(folder: Path) -> Iterator[DevnetProcess]:
+def running_devnet(folder: Path, *, log_level: str = "warning") -> Iterator[DevnetProcess]:
     """`paywire devnet --port 0 --env-file FOLDER/gateway.env` (keys in FOLDER/devnet-data), until
     the block ends."""
     folder.mkdir(parents=True, exist_ok=True)
     env_file, data_dir, output = folder / "gateway.env", folder / "devnet-data", folder / "devnet.log"
     with output.open("w") as sink:
         proc = subprocess.Popen(
-            [*PAYWIRE, "devnet", "--port", "0", "--env-file", str(env_file), "--log-level", "warning"],
+            [*PAYWIRE, "devnet", "--port", "0", "--env-file", str(env_file), "--log-level", log_level],
             env=paywire_env(data_dir), cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_until(env_file.exists, proc, "env file")

@@ -34,6 +34,8 @@ SHARED_FOLDERS = ("tests/faults/",)
 SLOWEST_FIRST = (
     "tests/faults/",  # ~180 s
     "tests/test_pay_channels.py",  # ~50 s
+    "tests/test_federation_faults.py",  # ~40 s: a devnet, an SDK seller, three gateways
+    "tests/test_federation_devnet.py",  # ~35 s: a devnet, two gateways restarted with failpoints
     "tests/test_family_tokenizers.py",
     "tests/test_solana_refunds.py",
     "tests/test_facilitator_bounds.py",
@@ -56,6 +58,10 @@ SLOWEST_FIRST = (
     "tests/test_channel_paid_calls.py",
     "tests/test_facilitator_failover.py",
     "tests/test_devnet_process.py",
+    "tests/test_catalogue_scale.py",
+    "tests/test_sdk_seller.py",
+    "tests/test_devnet_world.py",
+    "tests/test_federation_store.py",
     "tests/test_token_accuracy.py",
     "tests/test_upto_faults.py",
     "tests/test_observability.py",
