@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Federation (issue 24): a federated call's overhead over calling the upstream seller directly,
-and importing, refreshing and serving 3,000 resources.
+"""Federation (issue 24): a resold call's overhead, and importing and serving 3,000 resources.
+
+The overhead is over calling the upstream seller directly with the same client; the import,
+refresh and serving figures are at 3,000 imported resources (`--resources`).
 
     .venv/bin/python bench/federation.py                        # every part, SQLite and PostgreSQL
     .venv/bin/python bench/federation.py --parts overhead --calls 100 --upstream-chain evm
@@ -16,11 +18,13 @@ Parts:
   mean, the server's `Server-Timing` stage means, the CPU per call of A, B and the devnet, and
   how busy the box was besides. The overhead is the federated call's extra leg (A asks B its
   price, writes the intent, signs, pays B, stores the answer). A pays B on the chain of its
-  federation wallet's key (`--upstream-chain`: A is restarted with the other key).
+  federation wallet's key (`--upstream-chain`: A is restarted with the other key). `--py-spy DIR`
+  samples A during its calls (bench/spy_profile.py).
 - `import`: a discovery catalogue of `--resources` items in paywire's `/discovery/resources`
-  shape (default pages of 20, then 100 as asked; each with an exact accept on base-sepolia in
-  the devnet's USDC, a bazaar extension declared with the x402 SDK, an input schema and example,
-  `--schemas` distinct schemas) from a loopback HTTP server; a real ledger (a SQLite file, a
+  shape and paging (20 items unless `limit` asks more, at most 100: federation reads the first
+  page, then pages of 100), each with an exact accept on base-sepolia in the devnet's USDC and a
+  bazaar extension declared with the x402 SDK (an input schema and example; `--schemas` distinct
+  schemas), served from a loopback HTTP server; a real ledger (a SQLite file, a
   throwaway PostgreSQL from tests/support/postgres.py). Timed: `Federation.refresh(force=True)`
   of the new source (the import), again with nothing changed, again after 5% of the prices
   changed and 1% of the items went, and back; each split into discovery (of which HTTP),
@@ -62,8 +66,8 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-# ahead of bench/ (this script's folder): `federation` is the package, not this file
-sys.path.insert(0, str(ROOT))
+# ROOT ahead of bench/ (spy_profile.py's folder): `federation` is the package, not this file
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import spy_profile  # noqa: E402 - bench/spy_profile.py
 from eth_account import Account  # noqa: E402
@@ -81,7 +85,7 @@ from x402.mechanisms.evm.signers import EthAccountSigner  # noqa: E402
 import federation.runtime as fed_runtime  # noqa: E402
 from agent.app import make_engine  # noqa: E402
 from federation.fetching import FetchLimits, GuardedFetch  # noqa: E402
-from federation.model import Filters, Margin, Source, source_id_for  # noqa: E402
+from federation.model import Filters, ImportedResource, Margin, Source, source_id_for  # noqa: E402
 from federation.paying import UpstreamPayer  # noqa: E402
 from federation.runtime import Federation, RefreshReport  # noqa: E402
 from federation.store import REFRESH_TURN, Caps, FederationStore  # noqa: E402
@@ -251,6 +255,11 @@ async def measure_overhead(direct_url: str, resale_url: str, caller_key: str, ca
                     await asyncio.to_thread(spy_profile.stop, spy)
             if direct.bodies != resale.bodies or len(direct.bodies) != 1:
                 raise SystemExit("A's answers are not B's answer")
+            resale_price = int(Margin(MARGIN_PERCENT).price(Decimal(LOCAL_PRICE).scaleb(-6))
+                               .scaleb(6))
+            if direct.paid != {LOCAL_PRICE} or resale.paid != {resale_price}:
+                raise SystemExit(f"paid {direct.paid} to B and {resale.paid} to A, not "
+                                 f"{LOCAL_PRICE} and {resale_price}")
             print(f"  concurrency {concurrency}, {calls} calls each")
             row("direct to B", direct.line())
             row("resold by A", resale.line())
@@ -281,6 +290,7 @@ async def measure_overhead(direct_url: str, resale_url: str, caller_key: str, ca
 def overhead(args: argparse.Namespace) -> None:
     from tests.support.devnet_world import new_gateway_accounts, new_payer, running_devnet
     from tests.support.federation_world import LOOPBACK, ServedGateway, imported, until
+    from tests.support.paying import EVM_NET, SOL_NET
 
     print(f"== overhead: a federated call against the upstream called directly; {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench-federation-") as tmp:
@@ -308,11 +318,19 @@ def overhead(args: argparse.Namespace) -> None:
                     print(f"A pays B on {chain} (the caller pays A and B on EVM)")
                     assert a.proc is not None and b.proc is not None
                     pids = {"A": a.proc.pid, "B": b.proc.pid, "devnet": devnet.proc.pid}
+                    network = EVM_NET if chain == "evm" else SOL_NET
+                    held = devnet.balance(network, wallet.address(network))
                     asyncio.run(measure_overhead(
                         f"{b.url}/v1/marketplace/api/{LOCAL}",
                         f"{a.url}/v1/marketplace/api/{found['resource_id']}", caller.evm_key,
                         args.calls, args.concurrency, lambda p=pids: Cpu(dict(p)),
                         a.proc.pid, args.py_spy / f"a-{chain}" if args.py_spy else None))
+                    # A's wallet paid B once per resold call (the 3 warm-up calls too)
+                    resold = 3 + args.calls * len(args.concurrency)
+                    spent = held - devnet.balance(network, wallet.address(network))
+                    if spent != resold * LOCAL_PRICE:
+                        raise SystemExit(f"A's wallet paid {spent}, not {resold} x {LOCAL_PRICE}")
+                    row(f"A's wallet paid B on {chain}", f"{resold} x {LOCAL_PRICE} atomic, exactly")
             finally:
                 a.stop()
                 b.stop()
@@ -504,13 +522,17 @@ def federation_on(ledger: Ledger) -> tuple[Federation, Parts]:
 
 
 @contextmanager
-def discovery_timed(parts: Parts) -> Iterator[None]:
-    original = fed_runtime.discover
-    fed_runtime.discover = parts.timed("discovery", original)  # type: ignore[assignment]
+def shared_parts_timed(parts: Parts) -> Iterator[None]:
+    """`discover` (as federation.runtime calls it) and `ImportedResource.fingerprint` (the store
+    and the sync each compute it for every resource) timed while the block runs."""
+    discover, fingerprint = fed_runtime.discover, ImportedResource.fingerprint
+    fed_runtime.discover = parts.timed("discovery", discover)  # type: ignore[assignment]
+    ImportedResource.fingerprint = parts.timed_sync("fingerprints", fingerprint)  # type: ignore[method-assign]
     try:
         yield
     finally:
-        fed_runtime.discover = original  # type: ignore[assignment]
+        fed_runtime.discover = discover  # type: ignore[assignment]
+        ImportedResource.fingerprint = fingerprint  # type: ignore[method-assign]
 
 
 class LoopHeld:
@@ -540,7 +562,7 @@ class LoopHeld:
 async def timed_refresh(fed: Federation, parts: Parts, label: str,
                         expect: tuple[int, int, int]) -> None:
     parts.seconds.clear()
-    with discovery_timed(parts):
+    with shared_parts_timed(parts):
         async with LoopHeld() as held:
             started = time.perf_counter()
             report = await fed.refresh(force=True)
@@ -552,19 +574,22 @@ async def timed_refresh(fed: Federation, parts: Parts, label: str,
                          f"failed: {report.failed}")
     row(f"{label} (+{got[0]} ~{got[1]} -{got[2]})",
         f"{took:.2f} s; loop held at most {held.worst * 1000:,.0f} ms")
-    row("  discovery (of which HTTP) / store / sync (read, skills)",
+    row("  discovery (HTTP) / store / sync (read, skills)",
         f"{parts['discovery']:.2f} ({parts['http']:.2f}) / {parts['store']:.2f} / "
         f"{parts['sync']:.2f} ({parts['read']:.2f}, {parts['skills']:.2f}) s")
+    row("  fingerprints computed (in the store and the sync)", f"{parts['fingerprints']:.2f} s")
 
 
 async def timed_sync(fed: Federation, parts: Parts, label: str) -> None:
     parts.seconds.clear()
-    async with LoopHeld() as held:
-        started = time.perf_counter()
-        await fed.sync()
-        took = time.perf_counter() - started
-    row(label, f"{took:.2f} s (read {parts['read']:.2f}, skills {parts['skills']:.2f}); "
-        f"loop held at most {held.worst * 1000:,.0f} ms; {len(fed.registry)} skills")
+    with shared_parts_timed(parts):
+        async with LoopHeld() as held:
+            started = time.perf_counter()
+            await fed.sync()
+            took = time.perf_counter() - started
+    row(label, f"{took:.2f} s (read {parts['read']:.2f}, fingerprints "
+        f"{parts['fingerprints']:.2f}, skills {parts['skills']:.2f}); loop held at most "
+        f"{held.worst * 1000:,.0f} ms; {len(fed.registry)} skills")
 
 
 async def import_and_refresh(url: str, count: int, schemas: int, show: bool) -> None:

@@ -28,10 +28,12 @@ A single item that cannot be used is skipped, and `problems` says which and why.
 from __future__ import annotations
 
 import asyncio
-import functools
+import hashlib
 import json
 import re
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -475,10 +477,30 @@ def _without_patterns(node: Any, names: bool = False) -> Any:
             if names or k not in ("pattern", "patternProperties")}
 
 
-@functools.lru_cache(maxsize=1024)
+# Verdicts by the schema's digest (not its text: 32 KiB each), enough for a whole catalogue:
+# a refresh reads thousands of schemas again in the same order, which an LRU smaller than the
+# catalogue would never hit (~1.2 ms each against the meta-schema, all on the event loop's GIL).
+_VERDICTS_KEPT = 20_000
+_verdicts: OrderedDict[bytes, str | None] = OrderedDict()
+_verdicts_lock = threading.Lock()
+
+
 def _schema_problem(text: str) -> str | None:
-    """Why the schema (as JSON text) is refused; cached: a catalogue repeats its schemas, and
-    checking one against the meta-schema costs milliseconds."""
+    """Why the schema (as JSON text) is refused (remembered by its digest)."""
+    key = hashlib.sha256(text.encode()).digest()
+    with _verdicts_lock:  # pages are read in worker threads
+        if key in _verdicts:
+            _verdicts.move_to_end(key)
+            return _verdicts[key]
+    verdict = _checked_schema_text(text)
+    with _verdicts_lock:
+        _verdicts[key] = verdict
+        if len(_verdicts) > _VERDICTS_KEPT:
+            _verdicts.popitem(last=False)
+    return verdict
+
+
+def _checked_schema_text(text: str) -> str | None:
     if len(text.encode()) > SCHEMA_BYTES:
         return f"is over {SCHEMA_BYTES} bytes"
     schema = json.loads(text)

@@ -123,16 +123,17 @@ class Federation:
         version = await self.store.version()
         if version == self._loaded:
             return False
-        wanted = {r.resource_id: r for r in await self.store.resources()}
+        stored = await self.store.fingerprints()
         changed = False
-        for rid in [r for r in self._fingerprints if r not in wanted]:
+        for rid in [r for r in self._fingerprints if r not in stored]:
             self.registry.remove(rid)
             del self._fingerprints[rid]
             changed = True
-        for rid, resource in wanted.items():
-            fingerprint = resource.fingerprint()
-            if self._fingerprints.get(rid) == fingerprint:
-                continue
+        moved = [rid for rid, fingerprint in stored.items() if self._fingerprints.get(rid) != fingerprint]
+        # all of them (a first sync) in one read; else only what moved
+        wanted = None if len(moved) == len(stored) else moved
+        for resource in await self.store.resources(wanted) if moved else []:
+            rid = resource.resource_id
             existing = self.registry.get(rid)
             if existing is not None and not existing.source.startswith(SOURCE_PREFIX):
                 log.warning("imported resource %s skipped: a local skill has its id", rid)
@@ -146,7 +147,7 @@ class Federation:
                 self.registry.add(skill)
             else:
                 self.registry.replace(skill)
-            self._fingerprints[rid] = fingerprint
+            self._fingerprints[rid] = stored[rid]
             changed = True
         self._loaded = version
         return changed

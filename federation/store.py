@@ -20,6 +20,7 @@ every PAYWIRE_CONTROLS_REFRESH_SECONDS, so the next poll refreshes.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -357,11 +358,21 @@ class FederationStore:
         return Change(tuple(sorted(added)), tuple(sorted(changed)), tuple(removed),
                       tuple(sorted(clashes)))
 
-    async def resources(self) -> list[ImportedResource]:
-        """Every imported resource, by id."""
+    async def resources(self, ids: Iterable[str] | None = None) -> list[ImportedResource]:
+        """Every imported resource (or those of `ids`), by id."""
+        query = select(_R.data).order_by(_R.resource_id)
+        if ids is not None:
+            query = query.where(_R.resource_id.in_(list(ids)))
         async with self.ledger.reading() as conn:
-            rows = (await conn.execute(select(_R.data).order_by(_R.resource_id))).all()
+            rows = (await conn.execute(query)).all()
         return [ImportedResource.from_json(data) for (data,) in rows]
+
+    async def fingerprints(self) -> dict[str, str]:
+        """Every imported resource's id and fingerprint: what a replica compares with what it
+        sells, to read and rebuild only what changed."""
+        async with self.ledger.reading() as conn:
+            rows = (await conn.execute(select(_R.resource_id, _R.fingerprint))).all()
+        return {rid: fingerprint for rid, fingerprint in rows}
 
     async def version(self) -> int:
         """The federation version: moves with every change of the imported resources (0: none
