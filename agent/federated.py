@@ -18,13 +18,17 @@ from payments.ledger import Ledger
 from skills.net_guard import parse_networks
 from skills.registry import SkillRegistry
 
+DEVNET_ALLOWED = "127.0.0.0/8,::1/128"
+
 
 def build_federation(settings: Settings, ledger: Ledger, registry: SkillRegistry,
                      chain_rpcs: Mapping[str, JsonRpc], owner: str,
                      devnet_base: str | None = None) -> tuple[Federation, OutgoingReconciler]:
     """Always built: sources may come from PAYWIRE_FEDERATE or from `paywire federation add`
     (the ledger), which this process cannot know before it reads the ledger."""
-    fetch = GuardedFetch(parse_networks(settings.federation_allow_networks or ""),
+    # the local devnet's sellers live on loopback; a production gateway names what it allows
+    allowed = settings.federation_allow_networks or (DEVNET_ALLOWED if settings.devnet else "")
+    fetch = GuardedFetch(parse_networks(allowed),
                          FetchLimits(timeout_seconds=settings.federation_timeout_seconds,
                                      max_answer_bytes=settings.federation_max_answer_bytes))
     secret = settings.secret("federation_payer_key")

@@ -72,12 +72,14 @@ class Federation:
     async def refresh(self, *, force: bool = False) -> RefreshReport | None:
         """Every source fetched and its resources stored, when it is this replica's turn (or
         `force`); None when another replica has the turn."""
-        if not force and not await self.store.ledger.take_turn(
-                TURN, owner=self.owner, seconds=self.refresh_seconds):
+        sources = await self.store.sources()
+        if not force and (not sources or not await self.store.refresh_due()
+                          or not await self.store.ledger.take_turn(
+                              TURN, owner=self.owner, seconds=self.refresh_seconds)):
             return None
         started = time.perf_counter()
         report = RefreshReport()
-        for source in await self.store.sources():
+        for source in sources:
             try:
                 found = await discover(source, self.fetch)
             except FetchError as exc:  # the source's resources stay as they were

@@ -314,6 +314,14 @@ class FederationStore:
                                        .values(until=_EPOCH))
         return bool(ended.rowcount)
 
+    async def refresh_due(self) -> bool:
+        """Whether the refresh turn is free (never taken, or its period is over): a read, so the
+        replicas polling it every few seconds take no write lock until it is."""
+        t = turns_table
+        async with self.ledger.reading() as conn:
+            until = (await conn.execute(select(t.c.until).where(t.c.name == REFRESH_TURN))).scalar()
+        return until is None or _aware(until) < _now()
+
     # -- imported resources --------------------------------------------------------------------
 
     async def replace_resources(self, source_id: str, resources: list[ImportedResource]) -> Change:

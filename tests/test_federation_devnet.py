@@ -1,4 +1,5 @@
-"""Issue 24's test: two production-mode paywires federating each other on one `paywire devnet`.
+"""Issue 24's test: two production-mode paywires federating each other on one `paywire devnet`,
+each with its own merchants and keys (the first test: their payments never mix).
 
 A imports B's resources (B's `/discovery/resources`) and sells them with a margin over REST, A2A
 and MCP; B imports A's the same way (and neither re-imports the other's resales). Every call is
@@ -23,6 +24,7 @@ from a2a.types import SendMessageRequest, TaskState
 from eth_account import Account
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from solders.keypair import Keypair
 from x402 import x402Client
 from x402.http.clients.httpx import x402AsyncTransport
 from x402.mcp.constants import MCP_PAYMENT_META_KEY, MCP_PAYMENT_RESPONSE_META_KEY
@@ -32,11 +34,13 @@ from x402.schemas import PaymentRequired, SettleResponse
 
 from tests.support.devnet_world import (
     DevnetProcess,
+    GatewayAccounts,
     Payer,
     new_gateway_accounts,
     new_payer,
     pay,
     running_devnet,
+    sol_balance,
 )
 from tests.support.federation_world import LOOPBACK, ServedGateway, imported, until, wallet_env
 from tests.support.paying import EVM_NET, SOL_NET, client_for, header, post_paid, quote, sign
@@ -64,6 +68,7 @@ class World:
     a: ServedGateway
     b: ServedGateway
     wallet_a: Payer  # A's federation wallet (pays B)
+    b_accounts: GatewayAccounts  # B's own merchant, facilitator and fee-payer accounts
     a_pay_to: str
     b_pay_to: str
     resold: str  # A's resale of B's LOCAL resource
@@ -96,7 +101,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             a.wait(), b.wait()
             found = until(lambda: imported(a, LOCAL), "A to import B's resources")
             until(lambda: imported(b, LOCAL), "B to import A's resources")
-            yield World(devnet, a, b, wallet_a, devnet.env["PAYWIRE_EVM_PAY_TO"],
+            yield World(devnet, a, b, wallet_a, b_accounts, devnet.env["PAYWIRE_EVM_PAY_TO"],
                         b_accounts.evm_pay_to, found["resource_id"])
         finally:
             a.stop()
@@ -110,6 +115,56 @@ def _b_rows_from(world: World, payer: str) -> list[dict[str, Any]]:
 
 def _a_intents(world: World) -> list[dict[str, Any]]:
     return world.a.rows("SELECT * FROM paywire_outgoing_payments ORDER BY created_at")
+
+
+def test_the_two_gateways_are_paid_apart_and_settle_with_their_own_keys(world: World) -> None:
+    """Two operators on one devnet: each gateway is paid to its own merchants and settles with its
+    own keys (A: the devnet's env file; B: fresh accounts funded through the faucet, its EVM
+    facilitator's gas from `eth_wei`). After each payment exactly three balances moved: the payer
+    (- the price), the paid gateway's merchant (+ the price) and its own gas or fee account."""
+    devnet, b = world.devnet, world.b_accounts
+    env = devnet.env
+    accounts = {
+        "A": {"evm_pay_to": env["PAYWIRE_EVM_PAY_TO"], "sol_pay_to": env["PAYWIRE_SOLANA_PAY_TO"],
+              "evm_gas": Account.from_key(env["PAYWIRE_EVM_FACILITATOR_KEY"]).address,
+              "sol_gas": str(Keypair.from_base58_string(
+                  env["PAYWIRE_SOLANA_FACILITATOR_KEY"]).pubkey())},
+        "B": {"evm_pay_to": b.evm_pay_to, "sol_pay_to": b.sol_pay_to,
+              "evm_gas": b.evm_facilitator_address, "sol_gas": b.sol_fee_payer_address}}
+    assert not set(accounts["A"].values()) & set(accounts["B"].values())
+    payer = new_payer(devnet.url, 1_000_000)
+
+    def chain_state() -> dict[tuple[str, str], int]:
+        state = {("payer", EVM_NET): devnet.balance(EVM_NET, payer.evm_address),
+                 ("payer", SOL_NET): devnet.balance(SOL_NET, payer.sol_address)}
+        for name, own in accounts.items():
+            state[(name, f"{EVM_NET} merchant")] = devnet.balance(EVM_NET, own["evm_pay_to"])
+            state[(name, f"{SOL_NET} merchant")] = devnet.balance(SOL_NET, own["sol_pay_to"])
+            state[(name, f"{EVM_NET} gas")] = devnet.eth_balance(own["evm_gas"])
+            state[(name, f"{SOL_NET} gas")] = sol_balance(devnet.url, own["sol_gas"])
+        return state
+
+    state = chain_state()
+    for name, gateway in (("A", world.a), ("B", world.b)):
+        for network in (EVM_NET, SOL_NET):
+            url = f"{gateway.url}/v1/marketplace/api/{LOCAL}"
+            body = {"text": f"Paid to gateway {name} on {network}.", "model": "gpt-4o"}
+            paid = pay(devnet.url, url, payer, network, json=body)
+            assert paid.status == 200, paid.body[:500]
+            settled = paid.settlement
+            assert settled is not None and settled["success"] is True, settled
+            assert settled["network"] == network and settled["payer"] == payer.address(network)
+            if network == EVM_NET:  # gateway `name`'s own facilitator key sent it
+                sent = devnet.rpc("evm", "eth_getTransactionReceipt", [settled["transaction"]])
+                assert sent["status"] == "0x1"
+                assert sent["from"].lower() == accounts[name]["evm_gas"].lower()
+            before, state = state, chain_state()
+            moved = {key: state[key] - before[key] for key in state if state[key] != before[key]}
+            gas = moved.pop((name, f"{network} gas"), 0)
+            assert gas < 0, f"gateway {name}'s own {network} account paid no fee"
+            # exactly the price, from the payer to this gateway's merchant; nothing else moved
+            assert moved == {("payer", network): -LOCAL_PRICE,
+                             (name, f"{network} merchant"): LOCAL_PRICE}
 
 
 def test_each_imports_the_others_resources_priced_with_its_margin_and_no_resale(world: World) -> None:
@@ -229,21 +284,35 @@ def test_a2a_and_mcp_callers_are_resold_b_resources(world: World) -> None:
     assert world.balance(world.wallet_a.evm_address) == wallet_start - 2 * LOCAL_PRICE
 
 
-@pytest.mark.parametrize("failpoint", ["federation_after_signed", "federation_after_upstream_paid"])
-def test_a_retry_after_a_is_killed_between_the_legs_pays_neither_twice(
-        world: World, failpoint: str) -> None:
+def _dies_answering(url: str, payment: str) -> bool:
+    """Send the payment; True once the gateway died answering it (a failpoint's kill -9). A 409
+    says the earlier attempt's claim is still leased: the caller waits and sends it again."""
+    try:
+        answer = post_paid(url, INPUT, payment)
+    except httpx.TransportError:
+        return True
+    assert answer.status_code == 409, answer.text
+    return False
+
+
+def test_a_retry_after_a_is_killed_between_the_legs_pays_neither_twice(world: World) -> None:
+    """Killed twice on one call: after signing the upstream payment (nothing sent), then, on the
+    caller's retry, after B answered and before the caller is settled; the next retry of the
+    same payment is answered with B's kept answer, one payment on each leg."""
     caller = new_payer(world.devnet.url, 1_000_000)
     url = f"{world.a.url}/v1/marketplace/api/{world.resold}"
     wallet_start = world.balance(world.wallet_a.evm_address)
     caller_start = world.balance(caller.evm_address)
     b_rows_before = len(_b_rows_from(world, world.wallet_a.evm_address))
-    world.a.stop()
-    world.a.start(PAYWIRE_FAILPOINTS=f"{failpoint}=kill").wait()
     _, required = quote(url, INPUT)
     payment = header(sign(client_for(world.devnet.url, evm_key=caller.evm_key), required, EVM_NET))
-    with pytest.raises(httpx.TransportError):  # A dies mid-call
-        post_paid(url, INPUT, payment)
-    world.a.killed()
+    for failpoint in ("federation_after_signed", "federation_after_upstream_paid"):
+        world.a.stop()
+        world.a.start(PAYWIRE_FAILPOINTS=f"{failpoint}=kill").wait()
+        until(lambda: _dies_answering(url, payment), f"A to die at {failpoint}", every=0.5)
+        world.a.killed()
+        if failpoint == "federation_after_signed":  # signed, never sent: the seller saw nothing
+            assert world.balance(world.wallet_a.evm_address) == wallet_start
     world.a.start().wait()
     # the same payment again, as a client whose answer was lost resends it: the call finishes
     answer = until(lambda: (r := post_paid(url, INPUT, payment)).status_code == 200 and r,

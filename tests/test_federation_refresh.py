@@ -10,12 +10,15 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from ipaddress import ip_network
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from agent.federated import build_federation
+from agent.settings import Settings
 from federation.fetching import FetchLimits, GuardedFetch
 from federation.model import Margin, Source, source_id_for
 from federation.paying import UpstreamPayer
@@ -188,3 +191,32 @@ async def test_an_imported_resource_without_a_wallet_is_listed_but_not_quoted(
     skill = first.registry.all()[0]
     with pytest.raises(SkillUnavailableError, match="PAYWIRE_FEDERATION_PAYER_KEY"):
         skill.price({"q": "x"})  # called before every quote: a 503, nobody pays
+
+
+@pytest.mark.parametrize("devnet", [True, False], ids=["devnet-mode", "production"])
+async def test_a_devnet_gateway_reaches_loopback_sellers_and_a_production_one_only_when_allowed(
+        ledger_url: str, catalogue: Catalogue, tmp_path: Path, devnet: bool) -> None:
+    """The outbound rule (agent/federated.py): public addresses only, loopback on the devnet;
+    a production gateway on a devnet's loopback names it in PAYWIRE_FEDERATION_ALLOW_NETWORKS."""
+    env = {"PAYWIRE_DATA_DIR": str(tmp_path), "PAYWIRE_FEDERATE": catalogue.url}
+    if not devnet:
+        env |= {"PAYWIRE_NETWORKS": "base", "PAYWIRE_EVM_PAY_TO": PAY_TO,
+                "PAYWIRE_FACILITATOR_URL": "https://facilitator.example"}
+    settings = Settings.from_env(env)
+    engine = create_async_engine(ledger_url)
+    ledger = Ledger(engine)
+    await ledger.create_tables()
+    federation, _ = build_federation(settings, ledger, SkillRegistry(), {}, "test")
+    try:
+        await federation.start()
+        report = await federation.refresh(force=True)
+        assert report is not None
+        if devnet:
+            assert report.sources == {source_id_for(catalogue.url): 3} and not report.failed
+        else:
+            assert not report.sources and "127.0.0.1" in report.failed[source_id_for(catalogue.url)]
+            assert catalogue.hits == 0  # refused before connecting
+    finally:
+        await federation.aclose()
+        ledger.close()
+        await engine.dispose()

@@ -60,7 +60,6 @@ SLOWEST_FIRST = (
     "tests/test_devnet_process.py",
     "tests/test_catalogue_scale.py",
     "tests/test_sdk_seller.py",
-    "tests/test_devnet_world.py",
     "tests/test_federation_store.py",
     "tests/test_token_accuracy.py",
     "tests/test_upto_faults.py",
