@@ -42,7 +42,9 @@ from tests.support.sdk_seller import WORD_COUNT_EXAMPLE, WORD_COUNT_SCHEMA
 
 Mode = Literal["none", "charge_then_500", "hang_paid"]
 PATH = "/api/word-count"
-VALIDITY_SECONDS = 6  # the quote's maxTimeoutSeconds: a hung payment expires soon
+# the quote's maxTimeoutSeconds: a hung payment expires soon; not shorter: the SDK's facilitator
+# refuses an authorization within 6 s of its end, and a loaded machine takes seconds to get there
+VALIDITY_SECONDS = 15
 DESCRIPTION = "Counts the words and characters of a text (a seller with faults)."
 _PAYMENT_HEADERS = (b"payment-signature", b"x-payment")
 
