@@ -17,8 +17,7 @@ CHECK_TESTS := tests/pipeline tests/test_money_and_codec.py tests/test_banner.py
 	tests/test_four_places.py tests/test_failure_paths.py tests/test_openai_upstream.py \
 	tests/test_forward_resources.py tests/test_webhook_test_payload.py tests/test_operator_views.py \
 	tests/test_upstream_unreachable.py tests/test_resource_files.py tests/test_accounting.py \
-	tests/test_admin_api.py tests/test_upto_checks.py tests/test_sqlite_fast_path.py \
-	tests/test_federation_discovery.py
+	tests/test_admin_api.py tests/test_upto_checks.py tests/test_sqlite_fast_path.py
 
 .PHONY: serve test check lint clean postgres nginx chromium
 
