@@ -71,6 +71,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import spy_profile  # noqa: E402 - bench/spy_profile.py
 from eth_account import Account  # noqa: E402
+from scale_catalogue import get, timed  # noqa: E402 - bench/scale_catalogue.py
 from x402 import x402Client  # noqa: E402
 from x402.extensions.bazaar import (  # noqa: E402
     OutputConfig,
@@ -645,18 +646,6 @@ async def _quiet_refresh(fed: Federation, parts: Parts, label: str,
 
 
 # ---------------------------------------------------------------------- part 3: the gateway
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    started = time.perf_counter()
-    value = fn()
-    return value, (time.perf_counter() - started) * 1000
-
-
-def get(http: httpx.Client, path: str) -> httpx.Response:
-    answer = http.get(path)
-    answer.raise_for_status()
-    return answer
 
 
 def tools_list(http: httpx.Client) -> dict[str, Any]:
