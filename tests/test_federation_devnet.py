@@ -26,10 +26,11 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from solders.keypair import Keypair
 from x402 import x402Client
-from x402.http.clients.httpx import x402AsyncTransport
+from x402.http.clients.httpx import x402AsyncTransport, x402HttpxClient
 from x402.mcp.constants import MCP_PAYMENT_META_KEY, MCP_PAYMENT_RESPONSE_META_KEY
+from x402.mechanisms.evm.batch_settlement.client import BatchSettlementEvmScheme as ChannelClient
 from x402.mechanisms.evm.exact import register_exact_evm_client
-from x402.mechanisms.evm.signers import EthAccountSigner
+from x402.mechanisms.evm.signers import EthAccountSigner, EthAccountSignerWithRPC
 from x402.schemas import PaymentRequired, SettleResponse
 
 from tests.support.devnet_world import (
@@ -91,7 +92,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         (folder / "a").mkdir()
         (folder / "b").mkdir()
         a = ServedGateway("a", folder / "a", {**devnet.env, **common,
-                                              "PAYWIRE_FEDERATION_PAYER_KEY": wallet_env(wallet_a)})
+                                              "PAYWIRE_FEDERATION_PAYER_KEY": wallet_env(wallet_a),
+                                              # A's callers may pay through channels too
+                                              "PAYWIRE_CHANNEL_AUTHORIZER_KEY": Account.create().key.hex()})
         b = ServedGateway("b", folder / "b", {**b_accounts.env, **common,
                                               "PAYWIRE_FEDERATION_PAYER_KEY": wallet_env(wallet_b)})
         a.env["PAYWIRE_FEDERATE"] = f"{b.url}/discovery/resources"
@@ -327,3 +330,31 @@ def test_a_retry_after_a_is_killed_between_the_legs_pays_neither_twice(world: Wo
     assert [(r["state"], r["amount_atomic"]) for r in rows] == [("settled", price)]
     intents = [i for i in _a_intents(world) if i["caller_row_id"] == rows[0]["id"]]
     assert [(i["state"], i["amount_atomic"]) for i in intents] == [("paid", LOCAL_PRICE)]
+
+
+def test_a_caller_paying_through_a_channel_is_resold_b_resources(world: World) -> None:
+    """The caller pays A through a batch-settlement channel (the SDK's channel client: a deposit,
+    then a voucher per call); A still pays B once per call, by exact, from its wallet."""
+    caller = Account.create()
+    world.devnet.faucet(EVM_NET, caller.address, 1_000_000)
+    client = x402Client().register(EVM_NET, ChannelClient(EthAccountSignerWithRPC(
+        caller, f"{world.devnet.url}/devnet/evm")))
+    url = f"{world.a.url}/v1/marketplace/api/{world.resold}"
+    wallet_start = world.balance(world.wallet_a.evm_address)
+
+    async def calls() -> list[httpx.Response]:
+        async with x402HttpxClient(client, timeout=60) as http:
+            return [await http.post(url, json=INPUT) for _ in range(2)]
+
+    answers = asyncio.run(calls())
+    assert [a.status_code for a in answers] == [200, 200], answers[-1].text
+    deposit = 1_000_000 - world.balance(caller.address)
+    assert deposit > 0  # the caller's balance moved once: its deposit
+    rows = world.a.rows("SELECT * FROM paywire_payments WHERE lower(payer) = lower(?)",
+                        caller.address)
+    assert [(r["scheme"], r["state"], r["charged_atomic"] or r["amount_atomic"]) for r in rows] == [
+        ("batch-settlement", "settled", resale_price(LOCAL_PRICE))] * 2
+    intents = [i for i in _a_intents(world) if i["caller_row_id"] in {r["id"] for r in rows}]
+    assert sorted(i["state"] for i in intents) == ["paid", "paid"]
+    assert world.balance(world.wallet_a.evm_address) == wallet_start - 2 * LOCAL_PRICE
+
